@@ -1,0 +1,40 @@
+"""Consumer-side message deduplication for RocketMQ Python consumers.
+
+A port of the Java RocketMQDedupListener: subclass :class:`DedupConcurrentListener`, implement
+``do_handle_msg``, give it a :class:`DedupConfig` with a Redis or MySQL store, and subscribe it.
+"""
+
+from rocketmq_dedup.config import DedupConfig
+from rocketmq_dedup.errors import DedupConfigError, DedupError, MissingExtraError, StoreError
+from rocketmq_dedup.listener import DedupConcurrentListener
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.status import ConsumeStatus, DedupStatus, StoreFailurePolicy
+from rocketmq_dedup.stores import (
+    ClaimResult,
+    DedupStore,
+    MemoryDedupStore,
+    MySQLDedupStore,
+    RedisDedupStore,
+)
+from rocketmq_dedup.strategy import BatchResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchResult",
+    "ClaimResult",
+    "ConsumeStatus",
+    "DedupConcurrentListener",
+    "DedupConfig",
+    "DedupConfigError",
+    "DedupElement",
+    "DedupError",
+    "DedupStatus",
+    "DedupStore",
+    "MemoryDedupStore",
+    "MissingExtraError",
+    "MySQLDedupStore",
+    "RedisDedupStore",
+    "StoreError",
+    "StoreFailurePolicy",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from rocketmq_dedup.cli import main
+
+sys.exit(main())

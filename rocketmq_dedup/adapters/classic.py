@@ -1,0 +1,33 @@
+"""Conveniences for the classic ``rocketmq-client-python`` (0.5.0rc2 wheel and 2.x).
+
+The listener is already the callback: ``consumer.subscribe(topic, listener)``. It never
+raises, which matters: an exception escaping the client's ctypes callback leaves the C side
+with an undefined status (observed: the message is acked and lost).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+
+def set_name_server(client: Any, address: str) -> None:
+    """Set the name server on a producer or consumer of either client version
+    (``set_name_server_address`` in 2.x, ``set_namesrv_addr`` in 0.5.0rc2)."""
+    for name in ("set_name_server_address", "set_namesrv_addr"):
+        setter = getattr(client, name, None)
+        if callable(setter):
+            setter(address)
+            return
+    raise TypeError(f"{type(client).__name__} has no name-server setter")
+
+
+def subscribe_all(
+    consumer: Any, subscriptions: Mapping[str, str], listener: Callable[[Any], Any]
+) -> None:
+    """Subscribe ``listener`` to every ``{topic: tag expression}``.
+
+    The classic client keeps one callback per consumer (the last one subscribed receives the
+    messages of every topic), so all topics of a consumer must share one listener.
+    """
+    for topic, expression in subscriptions.items():
+        consumer.subscribe(topic, listener, expression)

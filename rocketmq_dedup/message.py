@@ -1,0 +1,113 @@
+"""Duck-typed access to the messages of both RocketMQ Python clients, and the dedup element.
+
+Supported message shapes:
+
+* classic ``rocketmq-client-python`` (``RecvMessage`` / ``ReceivedMessage``): ``topic``,
+  ``tags``, ``keys``, ``id``, ``body``, ``reconsume_times``, ``get_property(name)``; values
+  may be ``str`` or ``bytes`` (``b''`` when a property is missing).
+* 5.x ``rocketmq-python-client`` (``Message``): ``topic``, ``tag``, ``keys``, ``message_id``,
+  ``body``, ``delivery_attempt``, ``properties`` (a dict).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, NamedTuple, Optional, Union
+
+UNIQ_KEY_PROPERTY = "UNIQ_KEY"
+
+Text = Union[str, bytes]
+
+
+def to_text(value: object) -> str:
+    """Return ``value`` as ``str``; bytes are decoded as UTF-8 with ``surrogateescape``.
+
+    The mapping is injective: distinct byte strings stay distinct.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def get_property(msg: Any, name: str) -> Optional[str]:
+    """Return the user property ``name`` of a message of either client, or None when absent."""
+    getter = getattr(msg, "get_property", None)
+    if callable(getter):
+        value = getter(name)
+    else:
+        props = getattr(msg, "properties", None)
+        value = props.get(name) if isinstance(props, dict) else None
+    text = to_text(value)
+    return text or None
+
+
+def message_topic(msg: Any) -> str:
+    """The topic of a message of either client."""
+    return to_text(getattr(msg, "topic", ""))
+
+
+def message_tag(msg: Any) -> str:
+    """The tag of a message (``tags`` in the classic client, ``tag`` in 5.x); "" when none."""
+    tag = getattr(msg, "tags", None)
+    if tag is None:
+        tag = getattr(msg, "tag", None)
+    return to_text(tag)
+
+
+def message_id(msg: Any) -> Optional[str]:
+    """The unique id: the ``UNIQ_KEY`` property, else ``message_id`` (5.x), else ``id``."""
+    uniq = get_property(msg, UNIQ_KEY_PROPERTY)
+    if uniq:
+        return uniq
+    for attr in ("message_id", "id", "msg_id"):
+        value = getattr(msg, attr, None)
+        if value:
+            return to_text(value)
+    return None
+
+
+def reconsume_times(msg: Any) -> int:
+    """How many times the broker redelivered the message (0 on the first delivery)."""
+    times = getattr(msg, "reconsume_times", None)
+    if times is not None:
+        return int(times)
+    attempt = getattr(msg, "delivery_attempt", None)
+    return max(int(attempt) - 1, 0) if attempt is not None else 0
+
+
+class DedupElement(NamedTuple):
+    """What identifies a message for dedup: (application, topic, tag, key).
+
+    Two messages are duplicates exactly when all four fields are equal (case-sensitive).
+    """
+
+    application: str
+    topic: str
+    tag: str
+    key: str
+
+    def digest(self) -> bytes:
+        """SHA-256 over the length-prefixed UTF-8 fields: 32 bytes, collision-free in practice."""
+        h = hashlib.sha256()
+        for field in self:
+            data = field.encode("utf-8", "surrogateescape")
+            h.update(len(data).to_bytes(8, "big"))
+            h.update(data)
+        return h.digest()
+
+
+_ESCAPES = {ord("%"): "%25", ord(":"): "%3A", ord("{"): "%7B", ord("}"): "%7D"}
+
+
+def escape_segment(text: str) -> str:
+    """Percent-escape ``%``, ``:`` and braces so ``:``-joined segments never collide.
+
+    Braces are escaped too, so a key never forms an accidental Redis Cluster hash tag.
+    """
+    if "%" in text or ":" in text or "{" in text or "}" in text:
+        return text.translate(_ESCAPES)
+    return text

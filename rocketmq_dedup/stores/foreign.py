@@ -1,0 +1,55 @@
+"""Adapts a user's duck-typed store object (``claim``/``mark_consumed``/``release``)."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.status import DedupStatus
+from rocketmq_dedup.stores.base import ClaimResult, DedupStore
+
+_REQUIRED = ("claim", "mark_consumed", "release")
+
+
+def looks_like_store(obj: object) -> bool:
+    """True if ``obj`` has the store interface's required methods."""
+    return all(callable(getattr(obj, name, None)) for name in _REQUIRED)
+
+
+class ForeignStore(DedupStore):
+    """Forwards to an object with ``claim(element, owner, lease_ms) -> ClaimResult``,
+    ``mark_consumed(element, owner, retention_ms)``, ``release(element, owner) -> bool`` and,
+    optionally, ``get_status(element)``. Any exception it raises counts as a store failure."""
+
+    driver_errors = (Exception,)
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+        claimed, status = self.target.claim(element, owner, lease_ms)
+        return ClaimResult(bool(claimed), status)
+
+    def do_claim_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[ClaimResult]:
+        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners)]
+
+    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
+        self.target.mark_consumed(element, owner, retention_ms)
+
+    def do_mark_consumed_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
+    ) -> None:
+        for element, owner in zip(elements, owners):
+            self.do_mark_consumed(element, owner, retention_ms)
+
+    def do_release(self, element: DedupElement, owner: str) -> bool:
+        return bool(self.target.release(element, owner))
+
+    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
+        return sum(self.do_release(e, o) for e, o in zip(elements, owners))
+
+    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
+        getter = getattr(self.target, "get_status", None)
+        return getter(element) if callable(getter) else None

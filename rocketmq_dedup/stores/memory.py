@@ -1,0 +1,91 @@
+"""An in-process store: for unit tests, samples and single-process tools. Thread-safe."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.status import DedupStatus
+from rocketmq_dedup.stores.base import (
+    ALREADY_CONSUMED,
+    CLAIMED,
+    HELD_BY_OTHER,
+    ClaimResult,
+    DedupStore,
+)
+
+_Record = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
+
+
+class MemoryDedupStore(DedupStore):
+    """Keeps records in a dict. Not shared between processes; records vanish on exit.
+
+    :param clock: a monotonic clock in seconds; tests inject a fake one.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._records: Dict[DedupElement, _Record] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def purge_expired(self) -> int:
+        """Drop expired records; return how many were dropped."""
+        now = self._clock()
+        with self._lock:
+            dead = [e for e, (_, _, exp) in self._records.items() if exp <= now]
+            for element in dead:
+                del self._records[element]
+        return len(dead)
+
+    def _live(self, element: DedupElement, now: float) -> Optional[_Record]:
+        record = self._records.get(element)
+        if record is not None and record[2] <= now:
+            del self._records[element]
+            return None
+        return record
+
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+        now = self._clock()
+        with self._lock:
+            record = self._live(element, now)
+            if record is None:
+                self._records[element] = (DedupStatus.CONSUMING, owner, now + lease_ms / 1000)
+                return CLAIMED
+        return ALREADY_CONSUMED if record[0] is DedupStatus.CONSUMED else HELD_BY_OTHER
+
+    def do_claim_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[ClaimResult]:
+        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners)]
+
+    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
+        expires = self._clock() + retention_ms / 1000
+        with self._lock:
+            self._records[element] = (DedupStatus.CONSUMED, owner, expires)
+
+    def do_mark_consumed_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
+    ) -> None:
+        for element, owner in zip(elements, owners):
+            self.do_mark_consumed(element, owner, retention_ms)
+
+    def do_release(self, element: DedupElement, owner: str) -> bool:
+        with self._lock:
+            record = self._live(element, self._clock())
+            if record is not None and record[0] is DedupStatus.CONSUMING and record[1] == owner:
+                del self._records[element]
+                return True
+        return False
+
+    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
+        return sum(self.do_release(e, o) for e, o in zip(elements, owners))
+
+    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
+        with self._lock:
+            record = self._live(element, self._clock())
+        return record[0] if record is not None else None

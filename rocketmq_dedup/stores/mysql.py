@@ -1,0 +1,286 @@
+"""MySQL / MariaDB record store over any DB-API driver (mysqlclient, the ``[mysql]`` extra,
+or PyMySQL).
+
+* Identity: ``dedup_key`` = SHA-256 of the length-prefixed (application, topic, tag, key), so
+  tags and keys of any length and any Unicode never truncate or collide, and comparisons are
+  binary (case-sensitive). The readable columns keep the first 255 characters for operators.
+* Time: leases and retention are computed from the database server's clock (the session time
+  zone is set to UTC so epoch conversions are exact), never the client's.
+* Claims are one ``INSERT ... ON DUPLICATE KEY UPDATE`` that inserts a fresh record or takes
+  over an expired one in the same statement; a duplicate costs one more ``SELECT``.
+* ``purge_expired()`` deletes expired rows in batches through the ``expire_time`` index.
+* Connections: one per thread, opened from the zero-argument ``connect`` callable, autocommit;
+  a lost connection (server restart) is reopened and the statement retried once. Every
+  statement is idempotent for its owner token, so the retry is safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from rocketmq_dedup.errors import DedupConfigError
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.status import DedupStatus
+from rocketmq_dedup.stores.base import (
+    CLAIMED,
+    HELD_BY_OTHER,
+    ClaimResult,
+    DedupStore,
+    parse_status,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TABLE_NAME = "t_rocketmq_dedup"
+READABLE_CHARS = 255
+_TABLE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,63}(\.[A-Za-z_][A-Za-z0-9_$]{0,63})?$")
+_RETRYABLE_ERRORS = ("OperationalError", "InterfaceError")
+_CLAIM_ATTEMPTS = 3
+
+# The database server's clock, in epoch milliseconds (the session time zone is UTC).
+NOW_MS = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+
+SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  dedup_key        BINARY(32)      NOT NULL COMMENT 'SHA-256 of (application, topic, tag, key)',
+  application_name VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  topic            VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  tag              VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  msg_uniq_key     VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  status           VARCHAR(16)     NOT NULL COMMENT 'CONSUMING or CONSUMED',
+  owner_token      VARCHAR(64)     NOT NULL COMMENT 'the claim that wrote the row',
+  expire_time      BIGINT          NOT NULL COMMENT 'epoch ms, database server clock',
+  deliveries       BIGINT UNSIGNED NOT NULL DEFAULT 1 COMMENT 'claims and duplicates seen',
+  PRIMARY KEY (dedup_key),
+  KEY idx_expire_time (expire_time)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
+
+_COLUMNS = "dedup_key, application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time"
+
+# One row per element: a fresh CONSUMING claim, or the takeover of an expired record.
+# Assignments run left to right, so expire_time is compared before it is overwritten.
+# `deliveries` always changes, so rowcount is 1 for an insert and 2 for an existing row,
+# with or without the CLIENT_FOUND_ROWS flag.
+CLAIM_SQL = f"""\
+INSERT INTO {{table}} ({_COLUMNS}) VALUES {{rows}}
+ON DUPLICATE KEY UPDATE
+  deliveries = deliveries + 1,
+  status = IF(expire_time <= {NOW_MS}, VALUES(status), status),
+  owner_token = IF(expire_time <= {NOW_MS}, VALUES(owner_token), owner_token),
+  expire_time = IF(expire_time <= {NOW_MS}, VALUES(expire_time), expire_time)"""
+
+CLAIM_ROW = f"(%s, %s, %s, %s, %s, 'CONSUMING', %s, {NOW_MS} + %s)"
+
+# A success is always recorded, whoever holds the row now.
+MARK_CONSUMED_SQL = f"""\
+INSERT INTO {{table}} ({_COLUMNS}) VALUES {{rows}}
+ON DUPLICATE KEY UPDATE
+  status = VALUES(status), owner_token = VALUES(owner_token), expire_time = VALUES(expire_time)"""
+
+MARK_CONSUMED_ROW = f"(%s, %s, %s, %s, %s, 'CONSUMED', %s, {NOW_MS} + %s)"
+
+SELECT_SQL = (
+    f"SELECT dedup_key, status, owner_token FROM {{table}} "
+    f"WHERE dedup_key IN ({{marks}}) AND expire_time > {NOW_MS}"
+)
+RELEASE_SQL = (
+    "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
+)
+PURGE_SQL = f"DELETE FROM {{table}} WHERE expire_time <= {NOW_MS} LIMIT %s"
+
+
+def validate_table_name(name: str) -> str:
+    """Return ``name`` if it is a plain (optionally schema-qualified) identifier."""
+    if not isinstance(name, str) or not _TABLE_NAME_RE.match(name):
+        raise DedupConfigError(
+            f"invalid table_name {name!r}: use letters, digits, _ or $ (optionally db.table)"
+        )
+    return name
+
+
+def schema_sql(table_name: str = DEFAULT_TABLE_NAME) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement for the dedup table."""
+    return SCHEMA_SQL.format(table=_quote(validate_table_name(table_name)))
+
+
+def _quote(table_name: str) -> str:
+    return ".".join(f"`{part}`" for part in table_name.split("."))
+
+
+def _readable(text: str) -> str:
+    return text[:READABLE_CHARS].encode("utf-8", "replace").decode("utf-8")
+
+
+class MySQLDedupStore(DedupStore):
+    """Dedup records in a MySQL/MariaDB table.
+
+    :param connect: a zero-argument callable returning a new DB-API connection, e.g.
+        ``functools.partial(MySQLdb.connect, host=..., user=..., password=..., database=...)``.
+    :param table_name: the table (created by :meth:`create_table` or ``python -m
+        rocketmq_dedup schema mysql``).
+    """
+
+    driver_errors = (Exception,)  # any DB-API error; the driver module is the user's choice
+
+    def __init__(self, connect: Callable[[], Any], table_name: str = DEFAULT_TABLE_NAME) -> None:
+        if not callable(connect):
+            raise DedupConfigError(
+                "the MySQL store needs a zero-argument callable returning a new DB-API "
+                "connection, e.g. functools.partial(MySQLdb.connect, host=..., ...); "
+                f"got {type(connect)!r}"
+            )
+        self._connect = connect
+        self.table_name = validate_table_name(table_name)
+        table = _quote(table_name)
+        self._sql: Dict[str, str] = {
+            "release": RELEASE_SQL.format(table=table),
+            "purge": PURGE_SQL.format(table=table),
+            "schema": schema_sql(table_name),
+        }
+        self._table = table
+        self._local = threading.local()
+        self._all_connections: List[Any] = []
+        self._conn_lock = threading.Lock()
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _connection(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            conn.autocommit(True)
+            cur = conn.cursor()
+            try:
+                cur.execute("SET time_zone = '+00:00'")
+            finally:
+                cur.close()
+            self._local.conn = conn
+            with self._conn_lock:
+                self._all_connections.append(conn)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with self._conn_lock:
+                if conn in self._all_connections:
+                    self._all_connections.remove(conn)
+            try:
+                conn.close()
+            except Exception:  # the connection is already broken
+                logger.debug("closing a broken MySQL connection failed", exc_info=True)
+
+    def _execute(self, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
+        """Run one statement on this thread's connection; reconnect and retry once when the
+        connection was lost. Returns the rows when ``fetch`` else the rowcount."""
+        for attempt in (1, 2):
+            try:
+                cur = self._connection().cursor()
+                try:
+                    cur.execute(sql, tuple(params))
+                    return cur.fetchall() if fetch else cur.rowcount
+                finally:
+                    cur.close()
+            except Exception as exc:
+                if attempt == 2 or type(exc).__name__ not in _RETRYABLE_ERRORS:
+                    raise
+                logger.warning("MySQL connection failed (%s); reconnecting", exc)
+                self._drop_connection()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        """Close every connection this store opened."""
+        with self._conn_lock:
+            conns, self._all_connections = self._all_connections, []
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:
+                logger.debug("closing a MySQL connection failed", exc_info=True)
+        self._local = threading.local()
+
+    # -- operator API --------------------------------------------------------------------
+
+    def create_table(self) -> None:
+        """Create the dedup table if it does not exist (idempotent)."""
+        self._call(self._execute, self._sql["schema"], ())
+
+    def purge_expired(self, batch_size: int = 1000) -> int:
+        """Delete expired rows ``batch_size`` at a time; return how many were deleted."""
+        total = 0
+        while True:
+            deleted = int(self._call(self._execute, self._sql["purge"], (batch_size,)))
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    # -- I/O hooks -----------------------------------------------------------------------
+
+    def _row(self, element: DedupElement, digest: bytes, owner: str, ms: int) -> List[Any]:
+        app, topic, tag, key = element
+        return [digest, _readable(app), _readable(topic), _readable(tag), _readable(key), owner, ms]
+
+    def _select(self, digests: Sequence[bytes]) -> Dict[bytes, Any]:
+        sql = SELECT_SQL.format(table=self._table, marks=", ".join(["%s"] * len(digests)))
+        return {bytes(row[0]): row for row in self._execute(sql, digests, fetch=True)}
+
+    def do_claim_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[ClaimResult]:
+        digests = [e.digest() for e in elements]
+        results: Dict[int, ClaimResult] = {}
+        pending = list(range(len(elements)))
+        for _ in range(_CLAIM_ATTEMPTS):
+            # A stable key order keeps concurrent multi-row upserts from deadlocking.
+            pending.sort(key=lambda i: digests[i])
+            params: List[Any] = []
+            for i in pending:
+                params += self._row(elements[i], digests[i], owners[i], lease_ms)
+            sql = CLAIM_SQL.format(table=self._table, rows=", ".join([CLAIM_ROW] * len(pending)))
+            rowcount = self._execute(sql, params)
+            if rowcount == len(pending):  # every row inserted (1 each; updates count 2)
+                for i in pending:
+                    results[i] = CLAIMED
+                return [results[i] for i in range(len(elements))]
+            rows = self._select([digests[i] for i in pending])
+            vanished = []
+            for i in pending:
+                row = rows.get(digests[i])
+                if row is None:  # released or purged since the upsert: claim again
+                    vanished.append(i)
+                elif row[2] == owners[i] and row[1] == DedupStatus.CONSUMING.value:
+                    results[i] = CLAIMED
+                else:
+                    results[i] = ClaimResult(False, parse_status(row[1]))
+            pending = vanished
+            if not pending:
+                return [results[i] for i in range(len(elements))]
+        for i in pending:  # kept vanishing: leave it to a later retry
+            results[i] = HELD_BY_OTHER
+        return [results[i] for i in range(len(elements))]
+
+    def do_mark_consumed_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
+    ) -> None:
+        params: List[Any] = []
+        order = sorted(range(len(elements)), key=lambda i: elements[i].digest())
+        for i in order:
+            params += self._row(elements[i], elements[i].digest(), owners[i], retention_ms)
+        sql = MARK_CONSUMED_SQL.format(
+            table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(elements))
+        )
+        self._execute(sql, params)
+
+    def do_release(self, element: DedupElement, owner: str) -> bool:
+        return int(self._execute(self._sql["release"], (element.digest(), owner))) == 1
+
+    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
+        return sum(self.do_release(e, o) for e, o in zip(elements, owners))
+
+    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
+        row = self._select([element.digest()]).get(element.digest())
+        return parse_status(row[1]) if row is not None else None

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Creates the project's Python environments (idempotent; rebuilt when their inputs change):
+#   .venv          the library with [redis,mysql] + test/lint tools
+#   .venv-classic  + rocketmq-client-python 0.5.0rc2 (bundles librocketmq) for e2e/demo
+#   .venv-grpc     + rocketmq-python-client 5.1.2 (5.x gRPC client) for e2e
+# The two RocketMQ clients install the same top-level package `rocketmq`, hence two venvs.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+
+PYTHON="${PYTHON:-python3}"
+CLASSIC_CLIENT="rocketmq-client-python==0.5.0rc2"
+GRPC_CLIENT="rocketmq-python-client==5.1.2"
+
+apt_install libmariadb-dev pkg-config gcc
+
+make_venv() {  # make_venv DIR PIP-ARGS...
+  local dir=$1; shift
+  local stamp
+  stamp=$(cat setup.cfg pyproject.toml requirements-dev.txt | sha256sum | cut -c1-16)-$(echo "$*" | sha256sum | cut -c1-8)
+  if [[ -f $dir/.stamp && $(cat "$dir/.stamp") == "$stamp" ]]; then return; fi
+  log "creating $dir"
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check -U pip
+  "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+  echo "$stamp" >"$dir/.stamp"
+}
+
+make_venv .venv -e ".[redis,mysql]" -r requirements-dev.txt
+make_venv .venv-classic -e ".[redis,mysql]" -r requirements-dev.txt "$CLASSIC_CLIENT"
+make_venv .venv-grpc -e ".[redis,mysql]" -r requirements-dev.txt "$GRPC_CLIENT"

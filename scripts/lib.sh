@@ -1,0 +1,51 @@
+# Shared helpers for the project's scripts (sourced, not run).
+# shellcheck shell=bash
+
+STATE_ROOT="${ROCKETMQ_DEDUP_STATE_ROOT:-/tmp/rocketmq-dedup}"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# wait_until SECONDS DESCRIPTION CMD...: poll CMD every 0.2 s until it succeeds or time runs out.
+wait_until() {
+  local seconds=$1 what=$2; shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then die "timed out after ${seconds}s waiting for $what"; fi
+    sleep 0.2
+  done
+}
+
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# stop_pid PIDFILE NAME: TERM the process, wait up to 30 s, then KILL. Removes the pid file.
+stop_pid() {
+  local pidfile=$1 name=$2 pid
+  [[ -f $pidfile ]] || return 0
+  pid=$(cat "$pidfile")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 30))
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "$name (pid $pid) ignored TERM; killing"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    log "stopped $name (pid $pid)"
+  fi
+  rm -f "$pidfile"
+}
+
+# apt_install PKG...: install the Debian packages that are missing (apt-get update once).
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  log "installing Debian packages: ${missing[*]}"
+  local sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Redis and MariaDB for tests, benchmarks and the demo: installed from Debian packages, bound to
+# 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID.
+#   scripts/services.sh up|down|status|restart-mysql|env
+# Redis: 127.0.0.1:16379.  Redis Cluster: 127.0.0.1:17000-17002 (3 masters).  MariaDB: 127.0.0.1:13306, database dedup_test, user dedup/dedup.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+
+STATE="$STATE_ROOT/services"
+REDIS_PORT="${DEDUP_REDIS_PORT:-16379}"
+MYSQL_PORT="${DEDUP_MYSQL_PORT:-13306}"
+MYSQL_SOCK="$STATE/mariadb.sock"
+
+print_env() {
+  cat <<ENV
+export DEDUP_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
+export DEDUP_REDIS_CLUSTER_URL=redis://127.0.0.1:${CLUSTER_PORTS[0]}/0
+export DEDUP_MYSQL_HOST=127.0.0.1 DEDUP_MYSQL_PORT=$MYSQL_PORT
+export DEDUP_MYSQL_USER=dedup DEDUP_MYSQL_PASSWORD=dedup DEDUP_MYSQL_DATABASE=dedup_test
+ENV
+}
+
+redis_up() {
+  if pid_alive "$STATE/redis.pid"; then log "redis already running"; return; fi
+  mkdir -p "$STATE/redis"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes \
+    --pidfile "$STATE/redis.pid" --dir "$STATE/redis" --logfile "$STATE/redis.log" \
+    --save "" --appendonly no
+  wait_until 20 "redis" redis-cli -p "$REDIS_PORT" ping
+  log "redis up on 127.0.0.1:$REDIS_PORT (pid $(cat "$STATE/redis.pid"))"
+}
+
+CLUSTER_PORTS=(17000 17001 17002)
+
+cluster_up() {
+  if pid_alive "$STATE/redis-cluster-${CLUSTER_PORTS[0]}.pid"; then log "redis cluster already running"; return; fi
+  local nodes=()
+  for port in "${CLUSTER_PORTS[@]}"; do
+    rm -rf "$STATE/redis-cluster-$port"; mkdir -p "$STATE/redis-cluster-$port"
+    redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --cluster-enabled yes \
+      --cluster-config-file nodes.conf --dir "$STATE/redis-cluster-$port" \
+      --pidfile "$STATE/redis-cluster-$port.pid" --logfile "$STATE/redis-cluster-$port.log" \
+      --save "" --appendonly no
+    nodes+=("127.0.0.1:$port")
+  done
+  for port in "${CLUSTER_PORTS[@]}"; do wait_until 20 "redis cluster node $port" redis-cli -p "$port" ping; done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$STATE/redis-cluster-create.log" 2>&1 \
+    || die "redis cluster create failed; see $STATE/redis-cluster-create.log"
+  cluster_ok() { redis-cli -p "${CLUSTER_PORTS[0]}" cluster info | grep -q 'cluster_state:ok'; }
+  wait_until 30 "redis cluster state ok" cluster_ok
+  log "redis cluster up on 127.0.0.1:${CLUSTER_PORTS[0]}-${CLUSTER_PORTS[2]}"
+}
+
+mysql_start() {
+  nohup mariadbd --no-defaults --user=root --datadir="$STATE/mariadb" \
+    --bind-address=127.0.0.1 --port="$MYSQL_PORT" --socket="$MYSQL_SOCK" \
+    --pid-file="$STATE/mariadb.pid" --log-error="$STATE/mariadb.err" --skip-name-resolve \
+    --innodb-buffer-pool-size=128M --innodb-log-file-size=48M \
+    --innodb-flush-log-at-trx-commit=2 --max-connections=500 >/dev/null 2>&1 &
+  echo $! >"$STATE/mariadb.pid"
+  wait_until 60 "mariadb" mariadb-admin --socket="$MYSQL_SOCK" -uroot ping
+}
+
+mysql_up() {
+  if pid_alive "$STATE/mariadb.pid"; then log "mariadb already running"; return; fi
+  if [[ ! -d $STATE/mariadb/mysql ]]; then
+    mkdir -p "$STATE/mariadb"
+    mariadb-install-db --no-defaults --user=root --datadir="$STATE/mariadb" \
+      --auth-root-authentication-method=socket --skip-test-db >"$STATE/mariadb-install.log" 2>&1 \
+      || die "mariadb-install-db failed; see $STATE/mariadb-install.log"
+  fi
+  mysql_start
+  mariadb --socket="$MYSQL_SOCK" -uroot <<'SQL'
+CREATE DATABASE IF NOT EXISTS dedup_test CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+CREATE USER IF NOT EXISTS 'dedup'@'127.0.0.1' IDENTIFIED BY 'dedup';
+CREATE USER IF NOT EXISTS 'dedup'@'localhost' IDENTIFIED BY 'dedup';
+GRANT ALL PRIVILEGES ON dedup_test.* TO 'dedup'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON dedup_test.* TO 'dedup'@'localhost';
+SQL
+  log "mariadb up on 127.0.0.1:$MYSQL_PORT (pid $(cat "$STATE/mariadb.pid"))"
+}
+
+status() {
+  local rc=0
+  for name in redis mariadb "${CLUSTER_PORTS[@]/#/redis-cluster-}"; do
+    if pid_alive "$STATE/$name.pid"; then echo "$name: running (pid $(cat "$STATE/$name.pid"))"
+    else echo "$name: stopped"; rc=1; fi
+  done
+  return $rc
+}
+
+case "${1:-}" in
+  up)
+    apt_install redis-server mariadb-server mariadb-client
+    mkdir -p "$STATE"
+    redis_up
+    cluster_up
+    mysql_up
+    ;;
+  down)
+    stop_pid "$STATE/redis.pid" redis
+    for port in "${CLUSTER_PORTS[@]}"; do stop_pid "$STATE/redis-cluster-$port.pid" "redis cluster node $port"; done
+    stop_pid "$STATE/mariadb.pid" mariadb
+    ;;
+  restart-mysql)  # for the reconnect test: stop and start the same data directory
+    stop_pid "$STATE/mariadb.pid" mariadb
+    mysql_start
+    log "mariadb restarted (pid $(cat "$STATE/mariadb.pid"))"
+    ;;
+  status) status ;;
+  env) print_env ;;
+  *) echo "usage: $0 up|down|status|restart-mysql|env" >&2; exit 2 ;;
+esac

@@ -1,0 +1,87 @@
+"""Fixtures: real Redis and MariaDB (started by scripts/services.sh); a missing server fails
+the test run loudly instead of skipping."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Iterator
+
+import pytest
+import redis
+
+from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, RedisDedupStore
+from rocketmq_dedup.stores.base import DedupStore
+from tests.support import REDIS_CLUSTER_URL, REDIS_URL, mysql_connect
+
+TEST_TABLE = "t_rocketmq_dedup_test"
+STORE_KINDS = ["memory", "redis", "redis_cluster", "mysql"]
+
+
+@pytest.fixture(scope="session")
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"Redis is not reachable at {REDIS_URL}: run scripts/services.sh up ({exc})")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_client() -> Iterator[Any]:
+    try:
+        client = redis.RedisCluster.from_url(REDIS_CLUSTER_URL)
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"Redis Cluster not reachable at {REDIS_CLUSTER_URL}: services.sh up ({exc})")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def mysql_table() -> str:
+    """A fresh dedup table for the session."""
+    connect = mysql_connect()
+    try:
+        conn = connect()
+    except Exception as exc:
+        pytest.fail(f"MariaDB is not reachable: run scripts/services.sh up ({exc})")
+    cur = conn.cursor()
+    cur.execute(f"DROP TABLE IF EXISTS {TEST_TABLE}")
+    conn.close()
+    MySQLDedupStore(connect, TEST_TABLE).create_table()
+    return TEST_TABLE
+
+
+@pytest.fixture
+def app_name() -> str:
+    """A unique application name, so tests never see each other's records."""
+    return f"app-{uuid.uuid4().hex[:12]}"
+
+
+def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
+    if kind == "memory":
+        return MemoryDedupStore()
+    if kind == "redis":
+        return RedisDedupStore(request.getfixturevalue("redis_client"))
+    if kind == "redis_cluster":
+        return RedisDedupStore(request.getfixturevalue("redis_cluster_client"))
+    if kind == "mysql":
+        table = request.getfixturevalue("mysql_table")
+        store = MySQLDedupStore(mysql_connect(), table)
+        request.addfinalizer(store.close)
+        return store
+    raise ValueError(kind)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request: pytest.FixtureRequest) -> DedupStore:
+    """Every store kind, real servers where the kind has one."""
+    return make_store(request.param, request)
+
+
+@pytest.fixture(params=[k for k in STORE_KINDS if k != "memory"])
+def shared_store_kind(request: pytest.FixtureRequest) -> str:
+    """Store kinds shared between processes."""
+    return str(request.param)

@@ -1,0 +1,87 @@
+"""Test helpers: fake messages of both client shapes, polling, server settings."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any, Callable, Dict, Optional, Set
+
+REDIS_URL = os.environ.get("DEDUP_REDIS_URL", "redis://127.0.0.1:16379/0")
+REDIS_CLUSTER_URL = os.environ.get("DEDUP_REDIS_CLUSTER_URL", "redis://127.0.0.1:17000/0")
+MYSQL = {
+    "host": os.environ.get("DEDUP_MYSQL_HOST", "127.0.0.1"),
+    "port": int(os.environ.get("DEDUP_MYSQL_PORT", "13306")),
+    "user": os.environ.get("DEDUP_MYSQL_USER", "dedup"),
+    "password": os.environ.get("DEDUP_MYSQL_PASSWORD", "dedup"),
+    "database": os.environ.get("DEDUP_MYSQL_DATABASE", "dedup_test"),
+}
+
+
+def mysql_connect(driver: str = "mysqlclient", **overrides: Any) -> Callable[[], Any]:
+    """A zero-argument connection factory, as users pass it to DedupConfig."""
+    params = {**MYSQL, **overrides}
+    if driver == "pymysql":
+        import pymysql
+
+        return functools.partial(pymysql.connect, **params)
+    import MySQLdb
+
+    return functools.partial(MySQLdb.connect, **params)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``condition`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {condition}")
+        time.sleep(interval)
+
+
+class ClassicMessage:
+    """Shaped like rocketmq-client-python's RecvMessage: bytes properties, ``tags``, ``id``."""
+
+    def __init__(
+        self,
+        msg_id: str,
+        topic: str = "TEST-TOPIC",
+        tags: Any = b"TagA",
+        body: bytes = b"",
+        uniq_key: Optional[str] = None,
+        reconsume_times: int = 0,
+    ) -> None:
+        self.id = msg_id
+        self.topic = topic
+        self.tags = tags
+        self.keys = b""
+        self.body = body
+        self.reconsume_times = reconsume_times
+        self._props = {"UNIQ_KEY": uniq_key.encode()} if uniq_key else {}
+
+    def get_property(self, name: str) -> bytes:
+        return self._props.get(name, b"")
+
+
+class GrpcMessage:
+    """Shaped like rocketmq-python-client 5.x's Message: ``tag``, ``message_id``, a dict."""
+
+    def __init__(
+        self,
+        message_id: str,
+        topic: str = "TEST-TOPIC",
+        tag: Optional[str] = "TagA",
+        body: bytes = b"",
+        keys: Optional[Set[str]] = None,
+        delivery_attempt: int = 1,
+    ) -> None:
+        self.message_id = message_id
+        self.topic = topic
+        self.tag = tag
+        self.keys = keys or set()
+        self.body = body
+        self.delivery_attempt = delivery_attempt
+        self.properties: Dict[str, str] = {}

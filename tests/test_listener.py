@@ -1,0 +1,365 @@
+"""DedupConcurrentListener behaviour (the numbered cases of the design), on every store."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, List, Optional
+
+import pytest
+
+from rocketmq_dedup import (
+    BatchResult,
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    DedupStatus,
+)
+from rocketmq_dedup.stores.base import DedupStore
+from tests.support import ClassicMessage, GrpcMessage, wait_for
+
+SUCCESS = ConsumeStatus.CONSUME_SUCCESS
+LATER = ConsumeStatus.RECONSUME_LATER
+
+
+class RecordingListener(DedupConcurrentListener):
+    """Counts handler runs per key; ``behaviour`` decides each run's result."""
+
+    def __init__(
+        self,
+        config: Optional[DedupConfig],
+        behaviour: Optional[Callable[[Any], Any]] = None,
+        key: Optional[Callable[[Any], Any]] = None,
+    ) -> None:
+        super().__init__(config)
+        self.behaviour = behaviour
+        self.key = key
+        self.handled: List[Any] = []
+        self._lock = threading.Lock()
+
+    def dedup_message_key(self, msg: Any) -> Optional[str]:
+        return self.key(msg) if self.key else super().dedup_message_key(msg)
+
+    def do_handle_msg(self, msg: Any) -> bool:
+        with self._lock:
+            self.handled.append(msg)
+        return self.behaviour(msg) if self.behaviour else True
+
+
+def config_for(store: DedupStore, app: str, **options: Any) -> DedupConfig:
+    return DedupConfig.enable_dedup_consume_config(app, store, **options)
+
+
+@pytest.fixture(params=[ClassicMessage, GrpcMessage], ids=["classic", "grpc"])
+def make_msg(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """Messages of both clients' shapes."""
+    return request.param  # type: ignore[no-any-return]
+
+
+# 1 -------------------------------------------------------------------------------------------
+
+
+def test_fresh_message_is_handled_once(
+    store: DedupStore, app_name: str, make_msg: Callable[..., Any]
+) -> None:
+    """Case 1: a fresh message runs the handler; redeliveries ack without running it."""
+    listener = RecordingListener(config_for(store, app_name))
+    assert listener(make_msg("m1")) is SUCCESS
+    assert listener(make_msg("m1")) is SUCCESS
+    assert listener(make_msg("m1")) is SUCCESS
+    assert len(listener.handled) == 1
+
+
+def test_message_runs_again_after_retention(store: DedupStore, app_name: str) -> None:
+    """Case 1: once the CONSUMED record's retention passes, a redelivery runs again."""
+    listener = RecordingListener(config_for(store, app_name, dedup_record_reserve_minutes=0.005))
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    wait_for(lambda: listener(ClassicMessage("m1")) is SUCCESS and len(listener.handled) == 2)
+
+
+# 2 -------------------------------------------------------------------------------------------
+
+
+def test_duplicate_during_handler_is_consumed_later(store: DedupStore, app_name: str) -> None:
+    """Case 2: a duplicate arriving while the first runs gets RECONSUME_LATER, no handler."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(msg: Any) -> bool:
+        entered.set()
+        assert release.wait(10)
+        return True
+
+    listener = RecordingListener(config_for(store, app_name), slow)
+    results: List[ConsumeStatus] = []
+    first = threading.Thread(target=lambda: results.append(listener(ClassicMessage("m1"))))
+    first.start()
+    assert entered.wait(10)
+    assert listener(ClassicMessage("m1")) is LATER
+    release.set()
+    first.join(10)
+    assert results == [SUCCESS]
+    assert len(listener.handled) == 1
+    assert listener(ClassicMessage("m1")) is SUCCESS  # the broker's retry: acked as duplicate
+    assert len(listener.handled) == 1
+
+
+# 3 -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outcome", ["false", "raise", "none"])
+def test_failed_handler_is_retried(
+    store: DedupStore, app_name: str, outcome: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Case 3: False, an exception or None -> RECONSUME_LATER; the claim is removed so the
+    redelivery runs the handler."""
+    attempts: List[int] = []
+
+    def flaky(msg: Any) -> Any:
+        attempts.append(1)
+        if len(attempts) > 1:
+            return True
+        if outcome == "raise":
+            raise RuntimeError("boom")
+        return False if outcome == "false" else None
+
+    listener = RecordingListener(config_for(store, app_name), flaky)
+    with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is LATER
+    if outcome == "raise":
+        assert any(r.exc_info and "boom" in str(r.exc_info[1]) for r in caplog.records)
+    assert store.get_status(_element(app_name)) is None
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert len(attempts) == 2
+
+
+def _element(app: str, key: str = "m1") -> Any:
+    from rocketmq_dedup import DedupElement
+
+    return DedupElement(app, "TEST-TOPIC", "TagA", key)
+
+
+# 4 -------------------------------------------------------------------------------------------
+
+
+def test_concurrent_deliveries_run_the_handler_once(store: DedupStore, app_name: str) -> None:
+    """Case 4: 16 threads delivering one key at once -> one handler run."""
+    barrier = threading.Barrier(16)
+    listener = RecordingListener(config_for(store, app_name))
+
+    def deliver() -> None:
+        barrier.wait(10)
+        listener(ClassicMessage("hot"))
+
+    threads = [threading.Thread(target=deliver) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(listener.handled) == 1
+
+
+# 5 -------------------------------------------------------------------------------------------
+
+
+def test_lease_expiry_lets_a_duplicate_run_and_late_failure_keeps_its_record(
+    store: DedupStore, app_name: str
+) -> None:
+    """Case 5: after a handler's lease lapses a duplicate runs; when the slow first handler
+    then fails, it neither deletes the newer claim nor the newer CONSUMED record."""
+    entered, release = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any) -> bool:
+        if msg.body == b"slow":
+            entered.set()
+            assert release.wait(20)
+            return False  # the late failure
+        return True
+
+    listener = RecordingListener(
+        config_for(store, app_name, dedup_processing_expire_milli_seconds=300), behaviour
+    )
+    slow = threading.Thread(target=listener, args=(ClassicMessage("m1", body=b"slow"),))
+    slow.start()
+    assert entered.wait(10)
+    wait_for(lambda: listener(ClassicMessage("m1", body=b"fast")) is SUCCESS)
+    release.set()
+    slow.join(20)
+    assert store.get_status(_element(app_name)) is DedupStatus.CONSUMED
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert [m.body for m in listener.handled] == [b"slow", b"fast"]
+
+
+def test_late_success_is_recorded_as_consumed(store: DedupStore, app_name: str) -> None:
+    """Case 5: a handler that succeeds after losing its lease still records CONSUMED, even
+    over a newer claim; the newer claimer's failure cannot delete it."""
+    entered, release = threading.Event(), threading.Event()
+    second_in, second_go = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any) -> bool:
+        if msg.body == b"slow":
+            entered.set()
+            assert release.wait(20)
+            return True
+        second_in.set()
+        assert second_go.wait(20)
+        return False
+
+    listener = RecordingListener(
+        config_for(store, app_name, dedup_processing_expire_milli_seconds=300), behaviour
+    )
+    slow = threading.Thread(target=listener, args=(ClassicMessage("m1", body=b"slow"),))
+    slow.start()
+    assert entered.wait(10)
+    results: List[ConsumeStatus] = []
+
+    def second() -> None:
+        wait_for(lambda: _try(listener, results))
+
+    newer = threading.Thread(target=second)
+    newer.start()
+    assert second_in.wait(20)  # the newer claim is running
+    release.set()
+    slow.join(20)
+    assert store.get_status(_element(app_name)) is DedupStatus.CONSUMED
+    second_go.set()
+    newer.join(20)
+    assert results[-1] is LATER
+    assert store.get_status(_element(app_name)) is DedupStatus.CONSUMED
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert len(listener.handled) == 2
+
+
+def _try(listener: RecordingListener, results: List[ConsumeStatus]) -> bool:
+    before = len(listener.handled)
+    results.append(listener(ClassicMessage("m1", body=b"second")))
+    return len(listener.handled) > before
+
+
+# 7 -------------------------------------------------------------------------------------------
+
+
+def test_tag_and_key_never_collide(store: DedupStore, app_name: str) -> None:
+    """Case 7: empty tag + key 'A:B' and tag 'A' + key 'B' are different messages; keys are
+    case-sensitive."""
+    listener = RecordingListener(config_for(store, app_name), key=lambda m: m.body.decode())
+    assert listener(ClassicMessage("1", tags=b"", body=b"A:B")) is SUCCESS
+    assert listener(ClassicMessage("2", tags=b"A", body=b"B")) is SUCCESS
+    assert listener(ClassicMessage("3", tags=b"A", body=b"b")) is SUCCESS
+    assert listener(GrpcMessage("4", tag=None, body=b"A:B")) is SUCCESS  # same as the first
+    assert len(listener.handled) == 3
+
+
+# 8 -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", [None, "", b""])
+def test_missing_or_empty_key_consumes_without_dedup(
+    store: DedupStore, app_name: str, key: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Case 8: key None -> consumed without dedup; an empty key too, with a warning."""
+    listener = RecordingListener(config_for(store, app_name), key=lambda m: key)
+    with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is SUCCESS
+        assert listener(ClassicMessage("m1")) is SUCCESS
+    assert len(listener.handled) == 2
+    assert any("empty" in r.getMessage() for r in caplog.records) == (key is not None)
+
+
+def test_failing_key_function_retries_later(store: DedupStore, app_name: str) -> None:
+    """A dedup_message_key that raises -> RECONSUME_LATER, the handler is not run."""
+
+    def broken(msg: Any) -> str:
+        raise ValueError("no key")
+
+    listener = RecordingListener(config_for(store, app_name), key=broken)
+    assert listener(ClassicMessage("m1")) is LATER
+    assert listener.handled == []
+
+
+# batches ------------------------------------------------------------------------------------
+
+
+def test_batch_stops_at_first_failure(store: DedupStore, app_name: str) -> None:
+    """A batch is handled in order and stops at the first failure; the rest is released so
+    the retry handles it, and what succeeded is acked as duplicates on the retry."""
+    fail_once = {"m2"}
+
+    def behaviour(msg: Any) -> bool:
+        if msg.id in fail_once:
+            fail_once.discard(msg.id)
+            return False
+        return True
+
+    listener = RecordingListener(config_for(store, app_name), behaviour)
+    batch = [ClassicMessage(f"m{i}") for i in range(4)]
+    assert listener.consume_message(batch) == BatchResult(LATER, 1)
+    assert [m.id for m in listener.handled] == ["m0", "m1", "m2"]
+    assert listener.consume_message(batch) == BatchResult(SUCCESS, 3)
+    assert [m.id for m in listener.handled] == ["m0", "m1", "m2", "m2", "m3"]
+
+
+def test_batch_stops_at_a_message_being_consumed(store: DedupStore, app_name: str) -> None:
+    """A batch member whose key is CONSUMING elsewhere stops the batch there."""
+    config = config_for(store, app_name)
+    assert config.persist is not None
+    config.persist.claim(_element(app_name, "m1"), "someone-else", 60_000)
+    listener = RecordingListener(config)
+    result = listener.consume_message([ClassicMessage(f"m{i}") for i in range(3)])
+    assert result == BatchResult(LATER, 0)
+    assert result.consumed == 1
+    assert store.get_status(_element(app_name, "m2")) is None  # released, not left claimed
+
+
+# 12 ------------------------------------------------------------------------------------------
+
+
+def test_disabled_config_handles_everything(app_name: str) -> None:
+    """Case 12: dedup disabled (or no config) -> every delivery runs the handler."""
+    for config in (DedupConfig.disable_dedup_consume_config(app_name), None):
+        listener = RecordingListener(config)
+        assert listener(ClassicMessage("m1")) is SUCCESS
+        assert listener(ClassicMessage("m1")) is SUCCESS
+        assert listener.consume_message([ClassicMessage("m1")]) == BatchResult(SUCCESS, 0)
+        assert len(listener.handled) == 3
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("consume", SUCCESS), ("reconsume_later", LATER)])
+def test_broken_store_object_follows_the_policy(
+    app_name: str, policy: str, expected: ConsumeStatus
+) -> None:
+    """A user store that returns garbage counts as a store failure: the policy applies and no
+    exception reaches the client's callback."""
+
+    class GarbageStore:
+        def claim(self, *a: Any) -> Any:
+            return object()  # not a (claimed, status) pair
+
+        mark_consumed = release = claim
+
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, GarbageStore(), store_failure_policy=policy
+    )
+    listener = RecordingListener(config)
+    assert listener(ClassicMessage("m1")) is expected
+    assert listener.consume_message([ClassicMessage("m1")]).status is expected
+    assert len(listener.handled) == (2 if expected is SUCCESS else 0)
+
+
+def test_consume_each_handles_members_independently(store: DedupStore, app_name: str) -> None:
+    """consume_each: one failure does not stop the others; duplicates are acked; the failed
+    member's claim is released so its redelivery runs."""
+    fail_once = {"m1"}
+
+    def behaviour(msg: Any) -> bool:
+        if msg.id in fail_once:
+            fail_once.discard(msg.id)
+            return False
+        return True
+
+    listener = RecordingListener(config_for(store, app_name), behaviour)
+    listener(ClassicMessage("m2"))  # already consumed before the batch
+    batch = [ClassicMessage(f"m{i}") for i in range(4)]
+    assert listener.consume_each(batch) == [SUCCESS, LATER, SUCCESS, SUCCESS]
+    assert listener.consume_each(batch) == [SUCCESS] * 4
+    assert [m.id for m in listener.handled] == ["m2", "m0", "m1", "m3", "m1"]

@@ -1,0 +1,146 @@
+"""MySQL specifics (case 10): server clock, purge, thread safety, reconnects, drivers."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, DedupElement
+from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from tests.support import ClassicMessage, mysql_connect, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Ok(DedupConcurrentListener):
+    def __init__(self, config: DedupConfig) -> None:
+        super().__init__(config)
+        self.handled: List[Any] = []
+        self.lock = threading.Lock()
+
+    def do_handle_msg(self, msg: Any) -> bool:
+        with self.lock:
+            self.handled.append(msg.id)
+        return True
+
+
+def query(sql: str, *params: Any) -> Any:
+    conn = mysql_connect()()
+    try:
+        cur = conn.cursor()
+        cur.execute(sql, params)
+        return cur.fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def mysql_store(mysql_table: str) -> Any:
+    store = MySQLDedupStore(mysql_connect(), mysql_table)
+    yield store
+    store.close()
+
+
+def test_create_table_is_idempotent(mysql_store: MySQLDedupStore) -> None:
+    """create_table() twice is fine and leaves the expiry index in place."""
+    mysql_store.create_table()
+    mysql_store.create_table()
+    keys = {row[2] for row in query(f"SHOW INDEX FROM {mysql_store.table_name}")}
+    assert {"PRIMARY", "idx_expire_time"} <= keys
+
+
+def test_lease_uses_the_database_clock(mysql_store: MySQLDedupStore, app_name: str) -> None:
+    """expire_time is the server's now + lease (epoch ms), whatever the client clock says."""
+    e = DedupElement(app_name, "T", "", "k")
+    mysql_store.claim(e, "o", 60_000)
+    ((expire, server_now),) = query(
+        f"SELECT expire_time, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) "
+        f"FROM {mysql_store.table_name} WHERE dedup_key = %s",
+        e.digest(),
+    )
+    assert 59_000 <= expire - server_now <= 60_000
+
+
+def test_readable_columns_for_operators(mysql_store: MySQLDedupStore, app_name: str) -> None:
+    """The row shows application, topic, tag, key (first 255 chars), status and owner."""
+    e = DedupElement(app_name, "TOPIC", "TagA", "k" * 300)
+    mysql_store.claim(e, "owner-1", 60_000)
+    row = query(
+        f"SELECT application_name, topic, tag, msg_uniq_key, status, owner_token, deliveries "
+        f"FROM {mysql_store.table_name} WHERE dedup_key = %s",
+        e.digest(),
+    )[0]
+    assert row == (app_name, "TOPIC", "TagA", "k" * 255, "CONSUMING", "owner-1", 1)
+
+
+def test_purge_expired_deletes_in_batches(mysql_store: MySQLDedupStore, app_name: str) -> None:
+    """purge_expired removes every expired row, batch by batch, and keeps live ones."""
+    expired = [DedupElement(app_name, "T", "", f"old{i}") for i in range(10)]
+    live = DedupElement(app_name, "T", "", "live")
+    mysql_store.mark_consumed_many(expired, ["o"] * 10, 1)
+    mysql_store.mark_consumed(live, "o", 600_000)
+    wait_for(lambda: all(mysql_store.get_status(e) is None for e in expired))
+    assert mysql_store.purge_expired(batch_size=3) >= 10
+    rows = query(
+        f"SELECT COUNT(*) FROM {mysql_store.table_name} WHERE application_name = %s", app_name
+    )
+    assert rows[0][0] == 1
+
+
+def test_purge_can_use_the_expiry_index(mysql_store: MySQLDedupStore) -> None:
+    """The purge's WHERE clause is served by idx_expire_time."""
+    plan = query(f"EXPLAIN DELETE FROM {mysql_store.table_name} WHERE expire_time <= 0 LIMIT 10")
+    assert "idx_expire_time" in str(plan)
+
+
+def test_thread_pool_shares_one_store(mysql_store: MySQLDedupStore, app_name: str) -> None:
+    """8 threads x 40 deliveries (each key delivered by every thread) -> each key once."""
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, mysql_store))
+    barrier = threading.Barrier(8)
+    errors: List[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait(10)
+            for i in range(40):
+                assert listener(ClassicMessage(f"m{i}")) is not None
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert sorted(listener.handled) == sorted(f"m{i}" for i in range(40))
+
+
+def test_reconnects_after_server_restart(mysql_table: str, app_name: str) -> None:
+    """After MariaDB restarts, the next message reconnects and is deduped as before."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table)
+    listener = Ok(
+        DedupConfig.enable_dedup_consume_config(
+            app_name, store, store_failure_policy="reconsume_later"
+        )
+    )
+    assert listener(ClassicMessage("before")) is ConsumeStatus.CONSUME_SUCCESS
+    subprocess.run([str(REPO / "scripts/services.sh"), "restart-mysql"], check=True)
+    assert listener(ClassicMessage("after")) is ConsumeStatus.CONSUME_SUCCESS
+    assert listener(ClassicMessage("before")) is ConsumeStatus.CONSUME_SUCCESS
+    assert listener.handled == ["before", "after"]
+    store.close()
+
+
+def test_pymysql_driver_works(mysql_table: str, app_name: str) -> None:
+    """PyMySQL connection factories work like mysqlclient ones."""
+    store = MySQLDedupStore(mysql_connect("pymysql"), mysql_table)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert listener.handled == ["m1"]
+    store.close()

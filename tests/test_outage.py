@@ -1,0 +1,120 @@
+"""Case 9: a store outage follows store_failure_policy, the same on Redis and MySQL."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    MemoryDedupStore,
+    StoreError,
+)
+from rocketmq_dedup.message import DedupElement
+from tests.support import ClassicMessage, mysql_connect
+
+CLOSED_PORT = 1  # nothing listens on 127.0.0.1:1
+
+
+class Counting(DedupConcurrentListener):
+    def __init__(self, config: DedupConfig) -> None:
+        super().__init__(config)
+        self.handled: List[Any] = []
+
+    def do_handle_msg(self, msg: Any) -> bool:
+        self.handled.append(msg)
+        return True
+
+
+def unreachable_client(kind: str) -> Any:
+    if kind == "redis":
+        # No client-side retries: the test is about the policy, not redis-py's backoff.
+        return redis.Redis(
+            port=CLOSED_PORT, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
+    return mysql_connect(port=CLOSED_PORT, connect_timeout=1)
+
+
+@pytest.mark.parametrize("kind", ["redis", "mysql"])
+def test_outage_consumes_without_dedup_by_default(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Default policy "consume": the handler runs (nothing is lost) and a warning is logged."""
+    listener = Counting(DedupConfig.enable_dedup_consume_config("app", unreachable_client(kind)))
+    with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+        assert (
+            listener.consume_message([ClassicMessage("m2")]).status is ConsumeStatus.CONSUME_SUCCESS
+        )
+    assert len(listener.handled) == 2
+    assert any("WITHOUT dedup" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", ["redis", "mysql"])
+def test_outage_reconsume_later_policy_leaves_it_to_the_broker(kind: str) -> None:
+    """Policy "reconsume_later": RECONSUME_LATER and the handler does not run."""
+    config = DedupConfig.enable_dedup_consume_config(
+        "app", unreachable_client(kind), store_failure_policy="reconsume_later"
+    )
+    listener = Counting(config)
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+    assert listener.consume_message([ClassicMessage("m2")]).status is ConsumeStatus.RECONSUME_LATER
+    assert listener.handled == []
+
+
+@pytest.mark.parametrize("kind", ["redis", "mysql"])
+def test_store_errors_wrap_the_driver_error(kind: str) -> None:
+    """Store methods raise StoreError with the driver's exception as __cause__."""
+    config = DedupConfig.enable_dedup_consume_config("app", unreachable_client(kind))
+    assert config.persist is not None
+    with pytest.raises(StoreError) as info:
+        config.persist.claim(DedupElement("app", "T", "", "k"), "o", 1000)
+    assert info.value.__cause__ is not None
+
+
+class FailingMarkStore(MemoryDedupStore):
+    """Claims work; recording CONSUMED and releasing fail."""
+
+    def do_mark_consumed_many(self, *args: Any) -> None:
+        raise OSError("store went away")
+
+    do_mark_consumed = do_mark_consumed_many
+
+    def do_release_many(self, *args: Any) -> int:
+        raise OSError("store went away")
+
+    do_release = do_release_many  # type: ignore[assignment]
+    driver_errors = (OSError,)
+
+
+def test_mark_failure_after_success_still_acks(caplog: pytest.LogCaptureFixture) -> None:
+    """A failure to mark CONSUMED after a successful handler acks the message and logs it."""
+    listener = Counting(DedupConfig.enable_dedup_consume_config("app", FailingMarkStore()))
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert any("could not mark" in r.getMessage() for r in caplog.records)
+
+
+def test_release_failure_does_not_hide_the_handler_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """When the handler raises and the release fails too, both are logged and the answer is
+    RECONSUME_LATER."""
+
+    class Failing(Counting):
+        def do_handle_msg(self, msg: Any) -> bool:
+            raise RuntimeError("business failure")
+
+    listener = Failing(DedupConfig.enable_dedup_consume_config("app", FailingMarkStore()))
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("do_handle_msg raised" in m for m in messages)
+    assert any("could not release" in m for m in messages)

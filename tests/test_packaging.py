@@ -1,0 +1,77 @@
+"""Packaging: import without extras, the CLI, typing marker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import rocketmq_dedup
+from rocketmq_dedup.stores.mysql import schema_sql
+
+BLOCK_EXTRAS = (
+    "import sys\n"
+    "for name in ('redis', 'MySQLdb', 'pymysql', 'rocketmq'):\n"
+    "    sys.modules[name] = None  # makes 'import name' raise ImportError\n"
+)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK_EXTRAS + code], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_import_works_without_any_extra() -> None:
+    """The package imports and the memory store works with no optional dependency."""
+    result = run_python(
+        "from rocketmq_dedup import DedupConcurrentListener, DedupConfig, ConsumeStatus, "
+        "MemoryDedupStore\n"
+        "class L(DedupConcurrentListener):\n"
+        "    def do_handle_msg(self, msg): return True\n"
+        "class M: id = 'x'; topic = 't'; tags = ''\n"
+        "l = L(DedupConfig.enable_dedup_consume_config('a', MemoryDedupStore()))\n"
+        "print(int(l(M())), int(l(M())))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "0"]
+
+
+def test_missing_extra_names_the_extra_to_install() -> None:
+    """Using the Redis store without redis-py raises MissingExtraError naming [redis]."""
+    result = run_python(
+        "from rocketmq_dedup import RedisDedupStore, MissingExtraError\n"
+        "try:\n    RedisDedupStore(object())\n"
+        "except MissingExtraError as exc:\n    print(exc)\n"
+    )
+    assert "pip install 'rocketmq-dedup[redis]'" in result.stdout, result.stderr
+
+
+def test_cli_prints_the_mysql_schema() -> None:
+    """python -m rocketmq_dedup schema mysql prints the DDL the store creates."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rocketmq_dedup", "schema", "mysql", "--table", "my_t"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.strip() == schema_sql("my_t") + ";"
+    assert "CREATE TABLE IF NOT EXISTS `my_t`" in result.stdout
+
+
+def test_cli_rejects_a_bad_table_name() -> None:
+    """An invalid table name exits 2 with an error message."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rocketmq_dedup", "schema", "mysql", "--table", "x;y"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "invalid table_name" in result.stderr
+
+
+def test_package_is_typed() -> None:
+    """py.typed ships with the package."""
+    assert (Path(rocketmq_dedup.__file__).parent / "py.typed").is_file()
