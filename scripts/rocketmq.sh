@@ -180,6 +180,8 @@ EOF
   "remotingListenPort": $REMOTING_PORT,
   "localServeAddr": "127.0.0.1",
   "minInvisibleTimeMillsForRecv": 1000,
+  "grpcClientConsumerMinLongPollingTimeoutMillis": 1000,
+  "grpcClientConsumerMaxLongPollingTimeoutMillis": 3000,
   "enablePrintJstack": false
 }
 EOF

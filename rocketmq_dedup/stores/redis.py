@@ -7,17 +7,20 @@ cluster hash tag by accident. Value: ``CONSUMING:<owner token>`` (TTL = the leas
 
 Round trips: a fresh message costs two (claim script, ``SET``), a duplicate one (claim
 script). The batch methods cost one per batch on ``redis.Redis``; on a cluster they run one
-script per key, since a script may only touch one slot.
+script per key, since a script may only touch one slot. On ``redis.Redis`` the requests of
+concurrent threads are coalesced into shared round trips (see
+:mod:`rocketmq_dedup.stores.coalesce`).
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from rocketmq_dedup.errors import DedupConfigError, MissingExtraError
+from rocketmq_dedup.errors import DedupConfigError, MissingExtraError, StoreError
 from rocketmq_dedup.message import DedupElement, escape_segment, to_text
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import CLAIMED, ClaimResult, DedupStore, parse_status
+from rocketmq_dedup.stores.coalesce import Coalescer, Request
 
 try:  # the [redis] extra
     import redis
@@ -31,14 +34,16 @@ DEFAULT_KEY_PREFIX = "MSGDEDUP"
 # KEYS[i]: the record key of element i
 # ARGV[1]: the lease, in milliseconds
 # ARGV[i + 1]: the claim value of element i ("CONSUMING:<owner token>")
-# Returns one entry per key: 1 when the claim was taken (the key was free), else the record's
-# current value. GET and SET run in one script, so a record that vanishes in between cannot
-# let a second claimer win.
+# Returns one entry per key: 1 when the claim is ours (the key was free, or already holds this
+# very claim, so a retried call is harmless), else the record's current value. GET and SET run
+# in one script, so a record that vanishes in between cannot let a second claimer win.
 CLAIM_SCRIPT = """
 local result = {}
 for i, key in ipairs(KEYS) do
   local current = redis.call('GET', key)
-  if current then
+  if current == ARGV[i + 1] then
+    result[i] = 1
+  elseif current then
     result[i] = current
   else
     redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
@@ -60,20 +65,24 @@ return #KEYS
 """
 
 # KEYS[i]: the record key of element i
-# ARGV[i]: the claim value element i was claimed with ("CONSUMING:<owner token>")
-# Deletes each key still holding exactly that claim; returns how many were deleted. A newer
+# ARGV[1]: unused (keeps the argument layout of the other scripts)
+# ARGV[i + 1]: the claim value element i was claimed with ("CONSUMING:<owner token>")
+# Deletes each key still holding exactly that claim; returns 1 per deleted key, else 0. A newer
 # owner's claim or any CONSUMED record is left alone.
 RELEASE_SCRIPT = """
-local deleted = 0
+local result = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[i] then
+  if redis.call('GET', key) == ARGV[i + 1] then
     redis.call('DEL', key)
-    deleted = deleted + 1
+    result[i] = 1
+  else
+    result[i] = 0
   end
 end
-return deleted
+return result
 """
 
+_CLAIM, _MARK, _RELEASE = "claim", "mark", "release"
 _CONSUMING = "CONSUMING:"
 _CONSUMED = "CONSUMED:"
 
@@ -92,11 +101,15 @@ class RedisDedupStore(DedupStore):
     :param client: a ``redis.Redis`` or ``redis.RedisCluster``; ``decode_responses`` may be
         either. The store never closes it.
     :param key_prefix: the first segment of every record key.
+    :param coalesce: combine the requests of concurrent threads into shared round trips
+        (``redis.Redis`` only; a request that arrives alone is sent at once).
     """
 
     driver_errors = (redis.RedisError,) if redis is not None else ()
 
-    def __init__(self, client: Any, key_prefix: str = DEFAULT_KEY_PREFIX) -> None:
+    def __init__(
+        self, client: Any, key_prefix: str = DEFAULT_KEY_PREFIX, coalesce: bool = True
+    ) -> None:
         if redis is None:
             raise MissingExtraError("redis", "redis")
         if not is_redis_client(client):
@@ -107,9 +120,12 @@ class RedisDedupStore(DedupStore):
         self.key_prefix = key_prefix
         self._prefix = escape_segment(key_prefix) + ":"
         self._cluster = RedisCluster is not None and isinstance(client, RedisCluster)
-        self._claim = client.register_script(CLAIM_SCRIPT)
-        self._mark = client.register_script(MARK_CONSUMED_SCRIPT)
-        self._release = client.register_script(RELEASE_SCRIPT)
+        self._scripts = {
+            _CLAIM: client.register_script(CLAIM_SCRIPT),
+            _MARK: client.register_script(MARK_CONSUMED_SCRIPT),
+            _RELEASE: client.register_script(RELEASE_SCRIPT),
+        }
+        self._coalescer = Coalescer(self._execute) if coalesce and not self._cluster else None
 
     def record_key(self, element: DedupElement) -> bytes:
         """The Redis key of ``element``."""
@@ -120,43 +136,115 @@ class RedisDedupStore(DedupStore):
         )
         return text.encode("utf-8", "surrogateescape")
 
+    # -- I/O hooks -----------------------------------------------------------------------
+
     def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
-        reply = self._claim(keys=[self.record_key(element)], args=[lease_ms, _CONSUMING + owner])
+        reply = self._request(_CLAIM, lease_ms, [self.record_key(element)], [_CONSUMING + owner])
         return _claim_result(reply[0])
 
     def do_claim_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
     ) -> List[ClaimResult]:
-        if self._cluster:
-            return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners)]
         keys = [self.record_key(e) for e in elements]
-        reply = self._claim(keys=keys, args=[lease_ms, *(_CONSUMING + o for o in owners)])
+        reply = self._request(_CLAIM, lease_ms, keys, [_CONSUMING + o for o in owners])
         return [_claim_result(r) for r in reply]
 
     def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
-        self.client.set(self.record_key(element), _CONSUMED + owner, px=retention_ms)
+        self._request(_MARK, retention_ms, [self.record_key(element)], [_CONSUMED + owner])
 
     def do_mark_consumed_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
     ) -> None:
-        if self._cluster:
-            for element, owner in zip(elements, owners):
-                self.do_mark_consumed(element, owner, retention_ms)
-            return
         keys = [self.record_key(e) for e in elements]
-        self._mark(keys=keys, args=[retention_ms, *(_CONSUMED + o for o in owners)])
+        self._request(_MARK, retention_ms, keys, [_CONSUMED + o for o in owners])
 
     def do_release(self, element: DedupElement, owner: str) -> bool:
-        return int(self._release(keys=[self.record_key(element)], args=[_CONSUMING + owner])) == 1
+        reply = self._request(_RELEASE, 0, [self.record_key(element)], [_CONSUMING + owner])
+        return int(reply[0]) == 1
 
     def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        if self._cluster:
-            return sum(self.do_release(e, o) for e, o in zip(elements, owners))
         keys = [self.record_key(e) for e in elements]
-        return int(self._release(keys=keys, args=[_CONSUMING + o for o in owners]))
+        reply = self._request(_RELEASE, 0, keys, [_CONSUMING + o for o in owners])
+        return sum(int(r) for r in reply)
 
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         return parse_status(to_text(self.client.get(self.record_key(element))))
+
+    # -- execution -----------------------------------------------------------------------
+
+    def _request(self, kind: str, millis: int, keys: List[bytes], values: List[str]) -> Any:
+        """Run one script request (through the coalescer when enabled); returns its
+        per-key replies."""
+        if self._coalescer is None:
+            if self._cluster and len(keys) > 1:  # a script may only touch one slot
+                return [self._run_one(kind, millis, [k], [v])[0] for k, v in zip(keys, values)]
+            return self._run_one(kind, millis, keys, values)
+        request = self._coalescer.run(Request(kind, millis, keys, values))
+        if request.error is not None:
+            raise StoreError(
+                f"RedisDedupStore: {type(request.error).__name__}: {request.error}"
+            ) from request.error
+        return request.result
+
+    def _run_one(self, kind: str, millis: int, keys: List[bytes], values: List[str]) -> Any:
+        if kind == _MARK and len(keys) == 1:  # a plain SET is the cheapest write
+            self.client.set(keys[0], values[0], px=millis)
+            return [1]
+        return self._scripts[kind](keys=keys, args=[millis, *values])
+
+    def _execute(self, batch: List[Request]) -> None:
+        """The coalescer's executor: one round trip for the whole batch."""
+        try:
+            if len(batch) == 1:
+                only = batch[0]
+                only.result = self._run_one(
+                    only.kind, only.millis, list(only.keys), list(only.values)
+                )
+                return
+            groups: Dict[Tuple[str, int], List[Request]] = {}
+            for request in batch:
+                groups.setdefault((request.kind, request.millis), []).append(request)
+            calls = []
+            for (kind, millis), members in groups.items():
+                keys = [k for r in members for k in r.keys]
+                values = [v for r in members for v in r.values]
+                calls.append((kind, millis, keys, values, members))
+            if len(calls) == 1:
+                kind, millis, keys, values, _ = calls[0]
+                replies = [self._scripts[kind](keys=keys, args=[millis, *values])]
+            else:
+                replies = self._pipeline(calls)
+            for (_, _, _, _, members), reply in zip(calls, replies):
+                offset = 0
+                for request in members:
+                    n = len(request.keys)
+                    request.result = (
+                        reply[offset : offset + n] if isinstance(reply, list) else reply
+                    )
+                    offset += n
+        except Exception as exc:
+            for request in batch:
+                request.error = exc
+
+    def _pipeline(self, calls: List[Tuple[str, int, List[bytes], List[str], Any]]) -> List[Any]:
+        """Run several script calls in one pipelined round trip (reloading the scripts once if
+        the server lost them; every script is safe to run twice)."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for kind, millis, keys, values, _ in calls:
+                pipe.execute_command(
+                    "EVALSHA", self._scripts[kind].sha, len(keys), *keys, millis, *values
+                )
+            replies = pipe.execute(raise_on_error=False)
+            missing = [r for r in replies if isinstance(r, redis.exceptions.NoScriptError)]
+            if not missing or attempt == 2:
+                break
+            for script in self._scripts.values():
+                script.sha = self.client.script_load(script.script)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return list(replies)
 
 
 def _claim_result(reply: Any) -> ClaimResult:
