@@ -27,13 +27,18 @@ class Request:
         self.result: Any = None
         self.error: Optional[BaseException] = None
         self.lead = False
+        self._wake: Optional[Any] = None  # a held lock, made only if the caller must wait
+
+    def prepare_wait(self) -> None:
         self._wake = threading.Lock()
         self._wake.acquire()
 
     def wake(self) -> None:
+        assert self._wake is not None
         self._wake.release()
 
     def wait(self) -> None:
+        assert self._wake is not None
         self._wake.acquire()
 
 
@@ -52,8 +57,10 @@ class Coalescer:
     def run(self, request: Request) -> Request:
         """Execute ``request`` (alone or with others) and return it, result or error set."""
         with self._lock:
-            self._pending.append(request)
             lead = not self._busy
+            if not lead:
+                request.prepare_wait()
+            self._pending.append(request)
             self._busy = True
         if not lead:
             request.wait()  # served by another thread's round trip, or promoted to lead

@@ -5,15 +5,16 @@ Record key: ``{prefix}:{application}:{topic}:{tag}:{key}`` with every segment pe
 cluster hash tag by accident. Value: ``CONSUMING:<owner token>`` (TTL = the lease) or
 ``CONSUMED:<owner token>`` (TTL = the retention).
 
-Round trips: a fresh message costs two (claim script, ``SET``), a duplicate one (claim
-script). The batch methods cost one per batch on ``redis.Redis``; on a cluster they run one
-script per key, since a script may only touch one slot. On ``redis.Redis`` the requests of
-concurrent threads are coalesced into shared round trips (see
-:mod:`rocketmq_dedup.stores.coalesce`).
+Round trips: a fresh message costs two (claim, ``SET``), a duplicate one (claim). A single
+claim is ``SET key value NX PX lease GET`` on Redis >= 7.0 (else the claim script). The batch
+methods cost one round trip per batch on ``redis.Redis``; on a cluster they run one command per
+key, since a script may only touch one slot. On ``redis.Redis`` the requests of concurrent
+threads are coalesced into shared round trips (see :mod:`rocketmq_dedup.stores.coalesce`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import DedupConfigError, MissingExtraError, StoreError
@@ -28,6 +29,8 @@ try:  # the [redis] extra
 except ImportError:  # pragma: no cover - exercised by the no-extras import test
     redis = None  # type: ignore[assignment]
     RedisCluster = None  # type: ignore[assignment,misc]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_PREFIX = "MSGDEDUP"
 
@@ -126,6 +129,7 @@ class RedisDedupStore(DedupStore):
             _RELEASE: client.register_script(RELEASE_SCRIPT),
         }
         self._coalescer = Coalescer(self._execute) if coalesce and not self._cluster else None
+        self._set_nx_get = True  # until the server says it has no SET NX GET
 
     def record_key(self, element: DedupElement) -> bytes:
         """The Redis key of ``element``."""
@@ -187,10 +191,38 @@ class RedisDedupStore(DedupStore):
         return request.result
 
     def _run_one(self, kind: str, millis: int, keys: List[bytes], values: List[str]) -> Any:
-        if kind == _MARK and len(keys) == 1:  # a plain SET is the cheapest write
-            self.client.set(keys[0], values[0], px=millis)
-            return [1]
-        return self._scripts[kind](keys=keys, args=[millis, *values])
+        """One request in one round trip; single keys use plain commands where they can."""
+        if len(keys) == 1:
+            if kind == _MARK:  # a plain SET is the cheapest write
+                self.client.execute_command("SET", keys[0], values[0], "PX", millis)
+                return [1]
+            if kind == _CLAIM and self._set_nx_get:
+                return [self._claim_with_set(keys[0], values[0], millis)]
+        return self._evalsha(self._scripts[kind], keys, [millis, *values])
+
+    def _claim_with_set(self, key: bytes, value: str, millis: int) -> Any:
+        """``SET key value NX PX lease GET`` (Redis >= 7.0): the claim script's semantics in
+        one plain command. Falls back to the script for good on older servers."""
+        try:
+            current = self.client.execute_command(
+                "SET", key, value, "NX", "PX", millis, "GET", get=True
+            )
+        except redis.ResponseError as exc:
+            if "syntax" not in str(exc).lower():
+                raise
+            logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
+            self._set_nx_get = False
+            return self._evalsha(self._scripts[_CLAIM], [key], [millis, value])[0]
+        if current is None or to_text(current) == value:
+            return 1
+        return current
+
+    def _evalsha(self, script: Any, keys: List[bytes], args: List[Any]) -> Any:
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     def _execute(self, batch: List[Request]) -> None:
         """The coalescer's executor: one round trip for the whole batch."""
@@ -211,7 +243,7 @@ class RedisDedupStore(DedupStore):
                 calls.append((kind, millis, keys, values, members))
             if len(calls) == 1:
                 kind, millis, keys, values, _ = calls[0]
-                replies = [self._scripts[kind](keys=keys, args=[millis, *values])]
+                replies = [self._evalsha(self._scripts[kind], keys, [millis, *values])]
             else:
                 replies = self._pipeline(calls)
             for (_, _, _, _, members), reply in zip(calls, replies):

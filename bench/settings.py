@@ -1,0 +1,115 @@
+"""Where the servers are (the same environment variables as the tests) and bench-only names."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+#: Every Redis key the bench writes starts with one of these prefixes (cleaned between reps).
+LIBRARY_KEY_PREFIX = "DEDUPBENCH"
+NAIVE_KEY_PREFIX = "DEDUPBENCH-NAIVE"
+POWERTOOLS_KEY_PREFIX = "DEDUPBENCH-PT"
+BENCH_KEY_PATTERNS = (f"{LIBRARY_KEY_PREFIX}*",)  # the other two prefixes start with this one
+
+#: Bench-only MySQL tables (the library's schema, and the Java original's for the baseline).
+LIBRARY_TABLE = "t_rocketmq_dedup_bench"
+NAIVE_TABLE = "t_rocketmq_dedup_bench_naive"
+
+TOPIC = "DEDUP-BENCH"
+TAG = "TagBench"
+LEASE_MS = 60_000
+RESERVE_MINUTES = 1440
+
+NAMESRV_ADDR = os.environ.get("DEDUP_NAMESRV_ADDR", "127.0.0.1:9876")
+
+
+class BenchSetupError(RuntimeError):
+    """A server the selected cases need is unreachable or misconfigured."""
+
+
+@dataclass(frozen=True)
+class Servers:
+    """Connection settings, read from the environment with ``scripts/services.sh`` defaults."""
+
+    redis_url: str
+    mysql: dict[str, Any]
+    namesrv_addr: str
+
+    @classmethod
+    def from_env(cls) -> Servers:
+        env = os.environ.get
+        return cls(
+            redis_url=env("DEDUP_REDIS_URL", "redis://127.0.0.1:16379/0"),
+            mysql={
+                "host": env("DEDUP_MYSQL_HOST", "127.0.0.1"),
+                "port": int(env("DEDUP_MYSQL_PORT", "13306")),
+                "user": env("DEDUP_MYSQL_USER", "dedup"),
+                "password": env("DEDUP_MYSQL_PASSWORD", "dedup"),
+                "database": env("DEDUP_MYSQL_DATABASE", "dedup_test"),
+            },
+            namesrv_addr=NAMESRV_ADDR,
+        )
+
+    def redis_client(self) -> Any:
+        """A new ``redis.Redis`` (its own connection pool) for one case."""
+        import redis
+
+        return redis.Redis.from_url(self.redis_url)
+
+    def mysql_connect(self) -> Callable[[], Any]:
+        """A zero-argument mysqlclient connection factory, as users pass it to DedupConfig."""
+        import MySQLdb
+
+        return functools.partial(MySQLdb.connect, **self.mysql)
+
+    def check_redis(self) -> str:
+        """Ping Redis; return its version. Raises BenchSetupError when unreachable."""
+        import redis
+
+        try:
+            return str(self.redis_client().info("server")["redis_version"])
+        except redis.RedisError as exc:
+            raise BenchSetupError(
+                f"Redis at {self.redis_url} is unreachable ({exc}); start it with "
+                "`scripts/services.sh up` or set DEDUP_REDIS_URL"
+            ) from exc
+
+    def check_mysql(self) -> str:
+        """Connect to MariaDB/MySQL; return its version. Raises BenchSetupError when not."""
+        import MySQLdb
+
+        try:
+            conn = self.mysql_connect()()
+        except MySQLdb.Error as exc:
+            where = f"{self.mysql['host']}:{self.mysql['port']}/{self.mysql['database']}"
+            raise BenchSetupError(
+                f"MySQL at {where} is unreachable ({exc}); start it with "
+                "`scripts/services.sh up` or set DEDUP_MYSQL_HOST/PORT/USER/PASSWORD/DATABASE"
+            ) from exc
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT VERSION()")
+            return str(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    def check_namesrv(self) -> str:
+        """TCP-connect to the RocketMQ name server. Raises BenchSetupError when closed."""
+        host, _, port = self.namesrv_addr.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+        except OSError as exc:
+            raise BenchSetupError(
+                f"no RocketMQ name server at {self.namesrv_addr} ({exc}); start the broker "
+                "with `scripts/rocketmq.sh up` (scripts/bench.sh does), or leave out the e2e "
+                "cases (--quick, or --cases without e2e_*)"
+            ) from exc
+        return self.namesrv_addr
+
+    def redis_where(self) -> str:
+        parts = urlsplit(self.redis_url)
+        return f"{parts.hostname}:{parts.port}"
