@@ -4,6 +4,8 @@
 #   scripts/rocketmq.sh up       fetch jars (once, cached outside the repo), start, create topics/groups
 #   scripts/rocketmq.sh down     stop what `up` started and delete the message store
 #   scripts/rocketmq.sh status   exit 0 if the name server and the proxy are running, else 1
+#   scripts/rocketmq.sh topics T...  create more topics on the running server (4 queues)
+#   scripts/rocketmq.sh groups G...  create more consumer groups (1 s retry backoff, see below)
 #
 # Endpoints once up:
 #   name server (classic remoting clients)   127.0.0.1:9876
@@ -18,8 +20,12 @@
 #   ROCKETMQ_DEDUP_STORE       message store dir (default /dev/shm/rocketmq-dedup-store-$UID if
 #                              /dev/shm has >= 1 GiB free, else $STATE/store); wiped by up and down
 #   ROCKETMQ_DEDUP_TOPICS      extra topics to create (space separated)
-#   ROCKETMQ_DEDUP_GROUPS      consumer groups to create with a 1 s retry backoff
-#                              (default "dedup-e2e-classic dedup-e2e-grpc dedup-demo dedup-bench")
+#   ROCKETMQ_DEDUP_GROUPS      consumer groups to create (default "dedup-e2e-classic dedup-e2e-grpc
+#                              dedup-demo dedup-bench"): groupRetryPolicy CUSTOMIZED next=[1 s x18]
+#                              (5.x gRPC consumers nack with a 1 s backoff on every attempt) and a
+#                              pre-created %RETRY%<group> topic (classic consumers see retries in ~1 s).
+#                              Auto-created groups get the defaults: gRPC backoff 1 s, 5 s, 10 s, 30 s...
+#                              and a classic first retry after ~10 s.
 #   ROCKETMQ_DEDUP_RETRY_MAX   retryMaxTimes of those groups (default 16)
 #   ROCKETMQ_DEDUP_UP_TIMEOUT  seconds `up` waits for readiness (default 120)
 #   ROCKETMQ_DEDUP_STOP_GRACE  seconds `down` waits after SIGTERM before SIGKILL (default 5; the
@@ -117,8 +123,8 @@ EOF
   rm -rf "$LIB.tmp"
   mvn -B -q -Dstyle.color=never -f "$VDIR/pom.xml" -Dmaven.repo.local="$MAVEN_REPO" \
     org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
-    -DoutputDirectory="$LIB.tmp" -DincludeScope=runtime \
-    || die "maven could not fetch RocketMQ $VERSION jars"
+    -DoutputDirectory="$LIB.tmp" -DincludeScope=runtime >"$VDIR/mvn.log" 2>&1 \
+    || { cat "$VDIR/mvn.log" >&2; die "maven could not fetch RocketMQ $VERSION jars"; }
   rm -rf "$LIB"
   mv "$LIB.tmp" "$LIB"
   touch "$VDIR/.complete"
@@ -165,6 +171,7 @@ waitTimeMillsInSendQueue=2000
 brokerFastFailureEnable=true
 enableDetailStat=false
 traceTopicEnable=false
+registerNameServerPeriod=10000
 # pop (5.x gRPC consumers): revived/nacked messages go to %RETRY%<group>+<topic>, which wakes the
 # consumer's long poll on <topic>; with the v1 naming a retry waits for the 20 s long poll to expire
 enableRetryTopicV2=true
@@ -309,7 +316,7 @@ compile_admin_helper() {
   sum="$(sha256sum "$STATE/RmqSetup.java" | cut -c1-16)"
   SETUP_CLASSES="$VDIR/setup-$sum"
   if [[ ! -f "$SETUP_CLASSES/RmqSetup.class" ]]; then
-    rm -rf "$SETUP_CLASSES.tmp"
+    rm -rf "$VDIR"/setup-*
     mkdir -p "$SETUP_CLASSES.tmp"
     javac -nowarn -cp "$LIB/*" -d "$SETUP_CLASSES.tmp" "$STATE/RmqSetup.java" >&2 \
       || die "could not compile the setup helper (needs a JDK with javac)"
@@ -366,7 +373,13 @@ cmd_up() {
   deadline=$(( $(now_ms) + UP_TIMEOUT * 1000 ))
   start_java namesrv 64m 256m org.apache.rocketmq.namesrv.NamesrvStartup rmq.namesrv.logback.xml \
     -c "$STATE/namesrv.conf"
-  # the proxy (with its embedded broker) starts in parallel: the broker retries registration
+  # the broker registers with the name server once at start, then only every 10-30 s: start the
+  # proxy (with its embedded broker) once the name server listens
+  until port_open $NAMESRV_PORT; do
+    pid_alive "$STATE/namesrv.pid" || { tail -n 30 "$STATE/logs/namesrv.out" >&2; cmd_down >/dev/null 2>&1 || true; die "name server exited during startup (logs in $STATE/logs)"; }
+    (( $(now_ms) < deadline )) || { cmd_down >/dev/null 2>&1 || true; die "timed out waiting for the name server"; }
+    sleep 0.1
+  done
   start_java proxy 256m 512m org.apache.rocketmq.proxy.ProxyStartup rmq.proxy.logback.xml \
     -pm local -bc "$STATE/broker.conf" -pc "$STATE/rmq-proxy.json" -n "$NAMESRV_ADDR"
   log "started namesrv (pid $(cat "$STATE/namesrv.pid")) and proxy+broker (pid $(cat "$STATE/proxy.pid")); store $store"
@@ -447,6 +460,24 @@ cmd_down() {
   log "down in $(( $(now_ms) - t0 ))ms (logs kept in $STATE/logs)"
 }
 
+# create extra topics/groups on a running server: scripts/rocketmq.sh topics T1 T2 / groups G1 G2
+cmd_create() { # kind names...
+  local kind="$1" topics="" groups=""
+  shift
+  [[ $# -gt 0 ]] || die "usage: $0 $kind NAME..."
+  pid_alive "$STATE/proxy.pid" || die "not up (run: $0 up)"
+  if [[ "$kind" == topics ]]; then topics="$*"; else groups="$*"; fi
+  write_admin_helper
+  compile_admin_helper
+  ROCKETMQ_HOME="$STATE/home" "$JAVA" -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+    "${JAVA_OPENS[@]}" -Duser.home="$STATE" -Drocketmq.client.logRoot="$STATE/logs" \
+    -Drocketmq.client.logLevel=WARN \
+    -cp "$SETUP_CLASSES:$LIB/*" RmqSetup "$NAMESRV_ADDR" "$(( $(now_ms) + 30000 ))" "$PROBE_TOPIC" \
+    "$RETRY_MAX" "$topics" "$groups" >"$STATE/logs/create.out" 2>&1 </dev/null \
+    || { cat "$STATE/logs/create.out" >&2; die "creating $kind failed"; }
+  log "created $kind: $*"
+}
+
 cmd_status() {
   local ok=0 name
   for name in namesrv proxy; do
@@ -467,5 +498,6 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  topics | groups) cmd_create "$@" ;;
+  *) echo "usage: $0 up|down|status|topics NAME...|groups NAME..." >&2; exit 2 ;;
 esac
