@@ -6,6 +6,8 @@
 #   scripts/rocketmq.sh status   exit 0 if the name server and the proxy are running, else 1
 #   scripts/rocketmq.sh topics T...  create more topics on the running server (4 queues)
 #   scripts/rocketmq.sh groups G...  create more consumer groups (1 s retry backoff, see below)
+#   scripts/rocketmq.sh both "T1 T2" "G1 G2"  topics and groups in one go
+#   scripts/rocketmq.sh admin ARGS...  mqadmin against the running server (e.g. topicStatus -t T)
 #
 # Endpoints once up:
 #   name server (classic remoting clients)   127.0.0.1:9876
@@ -178,6 +180,9 @@ enableRetryTopicV2=true
 # else half of the pops look only at the (unused) v1 retry topic and miss the wake-up
 retrieveMessageFromPopRetryTopicV1=false
 EOF
+  # A gRPC client that dies (SIGKILL) keeps the messages it popped invisible, with the proxy
+  # renewing them, until its channel expires (default 120 s). Clients heartbeat every 10 s, so
+  # 30 s expiries bring a dead consumer's messages back within about half a minute.
   cat >"$STATE/rmq-proxy.json" <<EOF
 {
   "rocketMQClusterName": "DefaultCluster",
@@ -189,6 +194,9 @@ EOF
   "minInvisibleTimeMillsForRecv": 1000,
   "grpcClientConsumerMinLongPollingTimeoutMillis": 1000,
   "grpcClientConsumerMaxLongPollingTimeoutMillis": 3000,
+  "channelExpiredTimeout": 30000,
+  "grpcClientIdleTimeMills": 30000,
+  "channelExpiredInSeconds": 30,
   "enablePrintJstack": false
 }
 EOF
@@ -466,7 +474,11 @@ cmd_create() { # kind names...
   shift
   [[ $# -gt 0 ]] || die "usage: $0 $kind NAME..."
   pid_alive "$STATE/proxy.pid" || die "not up (run: $0 up)"
-  if [[ "$kind" == topics ]]; then topics="$*"; else groups="$*"; fi
+  case "$kind" in
+    topics) topics="$*" ;;
+    groups) groups="$*" ;;
+    both) topics="$1"; groups="${2:-}" ;;  # both "T1 T2" "G1 G2"
+  esac
   write_admin_helper
   compile_admin_helper
   ROCKETMQ_HOME="$STATE/home" "$JAVA" -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
@@ -476,6 +488,15 @@ cmd_create() { # kind names...
     "$RETRY_MAX" "$topics" "$groups" >"$STATE/logs/create.out" 2>&1 </dev/null \
     || { cat "$STATE/logs/create.out" >&2; die "creating $kind failed"; }
   log "created $kind: $*"
+}
+
+# mqadmin on the running server: scripts/rocketmq.sh admin topicStatus -t TOPIC
+cmd_admin() {
+  pid_alive "$STATE/proxy.pid" || die "not up (run: $0 up)"
+  ROCKETMQ_HOME="$STATE/home" "$JAVA" -Xmx128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+    "${JAVA_OPENS[@]}" -Duser.home="$STATE" -Drocketmq.client.logRoot="$STATE/logs" \
+    -Drocketmq.client.logLevel=WARN -cp "$LIB/*" \
+    org.apache.rocketmq.tools.command.MQAdminStartup "$@" -n "$NAMESRV_ADDR" </dev/null
 }
 
 cmd_status() {
@@ -498,6 +519,7 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  topics | groups) cmd_create "$@" ;;
-  *) echo "usage: $0 up|down|status|topics NAME...|groups NAME..." >&2; exit 2 ;;
+  topics | groups | both) cmd_create "$@" ;;
+  admin) shift; cmd_admin "$@" ;;
+  *) echo "usage: $0 up|down|status|topics NAME...|groups NAME...|both 'T...' 'G...'|admin ARGS..." >&2; exit 2 ;;
 esac

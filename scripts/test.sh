@@ -36,8 +36,8 @@ run_suite() {  # run_suite NAME VENV PYTEST-ARGS...
   "$venv/bin/python" -m pytest -p no:cacheprovider --junitxml="$RESULTS/$name.xml" "$@" || failed=1
 }
 run_suite core .venv tests -m "not e2e" "$@"
-run_suite e2e-classic .venv-classic tests/e2e -m e2e -k classic "$@"
-run_suite e2e-grpc .venv-grpc tests/e2e -m e2e -k grpc "$@"
+run_suite e2e-classic .venv-classic tests/e2e -m e2e "$@"
+run_suite e2e-grpc .venv-grpc tests/e2e -m e2e "$@"
 
 if .venv/bin/python - "$RESULTS" <<'PY'
 import sys, pathlib, xml.etree.ElementTree as ET

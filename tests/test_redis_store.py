@@ -7,7 +7,13 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, DedupElement
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    DedupElement,
+    DedupStatus,
+)
 from rocketmq_dedup.stores.redis import RedisDedupStore
 from tests.support import REDIS_URL, ClassicMessage
 
@@ -94,3 +100,17 @@ def test_records_carry_ttls(redis_client: redis.Redis, app_name: str) -> None:
     store.mark_consumed(e, "o", 600_000)
     assert 5000 < redis_client.pttl(store.record_key(e)) <= 600_000
     assert redis_client.get(store.record_key(e)) == b"CONSUMED:o"
+
+
+@pytest.mark.parametrize("set_nx_get", [True, False], ids=["set-nx-get", "lua-script"])
+def test_both_claim_paths_agree(redis_client: redis.Redis, app_name: str, set_nx_get: bool) -> None:
+    """SET NX GET (Redis >= 7) and the Lua claim script (older servers) give the same answers,
+    and repeating one's own claim (a retried call) still reports it as ours."""
+    store = RedisDedupStore(redis_client, coalesce=False)
+    store._set_nx_get = set_nx_get
+    e = DedupElement(app_name, "T", "", "k")
+    assert store.claim(e, "o1", 60_000).claimed
+    assert store.claim(e, "o1", 60_000).claimed  # idempotent for the same owner
+    assert store.claim(e, "o2", 60_000) == (False, DedupStatus.CONSUMING)
+    store.mark_consumed(e, "o1", 60_000)
+    assert store.claim(e, "o2", 60_000) == (False, DedupStatus.CONSUMED)

@@ -1,0 +1,467 @@
+"""The in-process cases: one class per case, each with its messages per repetition (N).
+
+A case's life: ``setup()`` once; per repetition ``prepare(rep)`` (untimed: fresh messages, and
+for the ``*_dup`` cases one untimed pass that consumes them), ``measure()`` (timed), the
+handler-call check, ``cleanup()`` (deletes the rep's records); ``close()`` at the end.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from typing import Any, Callable, ClassVar, Optional, Sequence
+
+from bench.messages import BenchMessage, CountingHandler, consume_all, make_messages
+from bench.naive import NAIVE_SCHEMA, NaiveMySQLDedup, NaiveRedisDedup, uniq_key
+from bench.settings import (
+    LEASE_MS,
+    LIBRARY_KEY_PREFIX,
+    LIBRARY_TABLE,
+    NAIVE_KEY_PREFIX,
+    NAIVE_TABLE,
+    POWERTOOLS_KEY_PREFIX,
+    RESERVE_MINUTES,
+    Servers,
+)
+from rocketmq_dedup import DedupConcurrentListener, DedupConfig
+from rocketmq_dedup.status import ConsumeStatus
+from rocketmq_dedup.stores.memory import MemoryDedupStore
+from rocketmq_dedup.stores.mysql import MySQLDedupStore
+
+OK = ConsumeStatus.CONSUME_SUCCESS
+BATCH_SIZE = 32
+THREADS = 8
+
+
+class BenchError(AssertionError):
+    """A case measured the wrong thing (failed answers, wrong handler call count)."""
+
+
+class Context:
+    """What the cases of one run share: the servers and a run id that keeps keys unique."""
+
+    def __init__(self, servers: Servers, run_id: str) -> None:
+        self.servers = servers
+        self.run_id = run_id
+
+    def app_name(self, case: str) -> str:
+        return f"bench-{self.run_id}-{case}"
+
+
+class BenchListener(DedupConcurrentListener):
+    """The library's listener, as a user writes it: ``do_handle_msg`` is the business code."""
+
+    def __init__(self, config: DedupConfig, handler: Callable[[Any], bool]) -> None:
+        super().__init__(config)
+        self.handler = handler
+
+    def do_handle_msg(self, msg: Any) -> bool:
+        return self.handler(msg)
+
+
+class Case(abc.ABC):
+    """One benchmark case. ``ok`` is what ``consume`` answers for a handled message."""
+
+    name: ClassVar[str]
+    needs: ClassVar[frozenset[str]] = frozenset()  # "redis", "mysql", "broker"
+    quick_n: ClassVar[int]
+    full_n: ClassVar[int]
+    in_quick: ClassVar[bool] = True
+    duplicates: ClassVar[bool] = False
+    ok: ClassVar[Any] = OK
+
+    def __init__(self, ctx: Context, n: int) -> None:
+        self.ctx = ctx
+        self.n = n
+        self.app = ctx.app_name(self.name)
+        self.handler = CountingHandler()
+        self.items: Sequence[Any] = ()
+
+    def setup(self) -> None:  # noqa: B027 - optional hook
+        """Once per run, before the first repetition."""
+
+    def prepare(self, rep: object) -> None:
+        """Untimed: this repetition's messages; duplicates are consumed once here."""
+        self.items = self.group(make_messages(f"{self.ctx.run_id}-{self.name}-{rep}", self.n))
+        if self.duplicates:
+            self.expect_no_failures(self.run(), "the untimed first pass")
+
+    def group(self, msgs: list[BenchMessage]) -> Sequence[Any]:
+        """How the timed loop receives the messages (one by one; batches override)."""
+        return msgs
+
+    def measure(self) -> float:
+        """Timed: consume every message; return the elapsed seconds."""
+        start = time.perf_counter()
+        failures = self.run()
+        elapsed = time.perf_counter() - start
+        self.expect_no_failures(failures, "the timed pass")
+        return elapsed
+
+    def run(self) -> int:
+        """Consume ``self.items``; return how many answers were not ``ok``."""
+        return consume_all(self.consume, self.items, self.ok)
+
+    @abc.abstractmethod
+    def consume(self, item: Any) -> Any:
+        """Consume one item (a message, or a batch)."""
+
+    def expected_calls(self) -> int:
+        """Handler calls the timed pass must make: every message, or none for duplicates."""
+        return 0 if self.duplicates else self.n
+
+    def cleanup(self) -> None:  # noqa: B027 - optional hook
+        """Delete this repetition's records."""
+
+    def close(self) -> None:
+        """Delete everything this case wrote; release its resources."""
+        self.cleanup()
+
+    def warm_up(self, n: int) -> None:
+        """An untimed repetition with ``n`` messages (connections, scripts, caches)."""
+        full_n, self.n = self.n, min(n, self.n)
+        try:
+            self.prepare("warmup")
+            self.measure()
+        finally:
+            self.n = full_n
+            self.cleanup()
+
+    def expect_no_failures(self, failures: int, what: str) -> None:
+        if failures:
+            raise BenchError(f"{self.name}: {failures} of {self.n} messages not consumed in {what}")
+
+
+# -- no store ------------------------------------------------------------------------------
+
+
+class Noop(Case):
+    """The handler called in a loop: the Python floor. The loop passes over the same
+    ``DISTINCT`` messages again and again (N is large; no dedup, so repeats do not matter)."""
+
+    name = "noop"
+    quick_n, full_n = 3_000_000, 10_000_000
+    ok = True
+    DISTINCT: ClassVar[int] = 100_000
+
+    def prepare(self, rep: object) -> None:
+        distinct = make_messages(f"{self.ctx.run_id}-{self.name}-{rep}", self.DISTINCT)
+        self.items = distinct * (self.n // self.DISTINCT) + distinct[: self.n % self.DISTINCT]
+
+    def consume(self, item: Any) -> Any:
+        return self.handler(item)
+
+
+class MemoryFresh(Case):
+    """The listener on the in-memory store (a new store each repetition)."""
+
+    name = "memory_fresh"
+    quick_n, full_n = 100_000, 300_000
+
+    def prepare(self, rep: object) -> None:
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, MemoryDedupStore(), **listener_options()
+        )
+        self.listener = BenchListener(config, self.handler)
+        super().prepare(rep)
+
+    def consume(self, item: Any) -> Any:
+        return self.listener(item)
+
+
+def listener_options() -> dict[str, Any]:
+    return {
+        "dedup_processing_expire_milli_seconds": LEASE_MS,
+        "dedup_record_reserve_minutes": RESERVE_MINUTES,
+    }
+
+
+# -- Redis ---------------------------------------------------------------------------------
+
+
+class RedisCase(Case):
+    """A case on the bench's Redis; ``cleanup`` deletes the keys matching ``key_pattern``."""
+
+    needs = frozenset({"redis"})
+    quick_n, full_n = 4_000, 15_000
+
+    def setup(self) -> None:
+        self.client = self.ctx.servers.redis_client()
+
+    @property
+    @abc.abstractmethod
+    def key_pattern(self) -> str: ...
+
+    def cleanup(self) -> None:
+        delete_keys(self.client, self.key_pattern)
+
+    def close(self) -> None:
+        super().close()
+        self.client.close()
+
+
+def delete_keys(client: Any, pattern: str, chunk: int = 1000) -> int:
+    """Delete every key matching ``pattern``; return how many."""
+    deleted = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=pattern, count=chunk):
+        batch.append(key)
+        if len(batch) == chunk:
+            deleted += client.unlink(*batch)
+            batch = []
+    if batch:
+        deleted += client.unlink(*batch)
+    return int(deleted)
+
+
+def library_key_pattern(app: str) -> str:
+    """The library's Redis keys of application ``app`` (a bench app name needs no escaping)."""
+    return f"{LIBRARY_KEY_PREFIX}:{app}:*"
+
+
+class LibraryRedisCase(RedisCase):
+    """The library's listener on Redis."""
+
+    def setup(self) -> None:
+        super().setup()
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.client, key_prefix=LIBRARY_KEY_PREFIX, **listener_options()
+        )
+        self.listener = BenchListener(config, self.handler)
+
+    @property
+    def key_pattern(self) -> str:
+        return library_key_pattern(self.app)
+
+    def consume(self, item: Any) -> Any:
+        return self.listener(item)
+
+
+class RedisFresh(LibraryRedisCase):
+    name = "redis_fresh"
+
+
+class RedisDup(LibraryRedisCase):
+    name = "redis_dup"
+    quick_n, full_n = 6_000, 20_000
+    duplicates = True
+
+
+class RedisBatch32Fresh(LibraryRedisCase):
+    """``listener.consume_message(batch)``, 32 messages per call."""
+
+    name = "redis_batch32_fresh"
+    quick_n, full_n = 32 * 1_000, 32 * 4_000
+
+    def group(self, msgs: list[BenchMessage]) -> Sequence[Any]:
+        return [msgs[i : i + BATCH_SIZE] for i in range(0, len(msgs), BATCH_SIZE)]
+
+    def consume(self, item: Any) -> Any:
+        result = self.listener.consume_message(item)
+        return result.status if result.consumed == len(item) else None
+
+
+class RedisThreads8Fresh(LibraryRedisCase):
+    """8 threads share one listener; each consumes its own share of fresh messages."""
+
+    name = "redis_threads8_fresh"
+    quick_n, full_n = 8_000, 30_000
+
+    def run(self) -> int:
+        failures = [0] * THREADS
+        shares = [self.items[i::THREADS] for i in range(THREADS)]
+
+        def worker(index: int) -> None:
+            failures[index] = consume_all(self.consume, shares[index], self.ok)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sum(failures)
+
+
+class NaiveRedisCase(RedisCase):
+    """The Java algorithm with plain redis-py (see :mod:`bench.naive`)."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.naive = NaiveRedisDedup(self.client, self.app, self.handler, NAIVE_KEY_PREFIX)
+
+    @property
+    def key_pattern(self) -> str:
+        return f"{NAIVE_KEY_PREFIX}:{self.app}:*"
+
+    def consume(self, item: Any) -> Any:
+        return self.naive(item)
+
+
+class RedisNaiveFresh(NaiveRedisCase):
+    name = "redis_naive_fresh"
+
+
+class RedisNaiveDup(NaiveRedisCase):
+    name = "redis_naive_dup"
+    quick_n, full_n = 5_000, 20_000
+    duplicates = True
+
+
+class LeaseContext:
+    """Stands in for the Lambda context outside Lambda: Powertools derives the in-progress
+    expiry from ``get_remaining_time_in_millis()``, here the same lease as the listener's."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        return LEASE_MS
+
+
+class PowertoolsCase(RedisCase):
+    """AWS Powertools' ``idempotent_function`` with ``RedisCachePersistenceLayer`` on the same
+    Redis. The payload is the message's identity (topic, tag, UNIQ_KEY); no local cache."""
+
+    ok = True
+    quick_n, full_n = 2_500, 10_000
+
+    def setup(self) -> None:
+        super().setup()
+        from aws_lambda_powertools.utilities.idempotency import (
+            IdempotencyConfig,
+            idempotent_function,
+        )
+        from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+            RedisCachePersistenceLayer,
+        )
+
+        config = IdempotencyConfig(expires_after_seconds=RESERVE_MINUTES * 60)
+        config.register_lambda_context(LeaseContext())  # type: ignore[arg-type]
+        handler = self.handler
+
+        @idempotent_function(
+            data_keyword_argument="identity",
+            persistence_store=RedisCachePersistenceLayer(client=self.client),
+            config=config,
+            key_prefix=self.powertools_prefix,
+        )
+        def handle(msg: Any, identity: dict[str, str]) -> bool:
+            return handler(msg)
+
+        self.handle = handle
+
+    @property
+    def powertools_prefix(self) -> str:
+        return f"{POWERTOOLS_KEY_PREFIX}-{self.app}"
+
+    @property
+    def key_pattern(self) -> str:
+        return f"{self.powertools_prefix}#*"
+
+    def consume(self, item: Any) -> Any:
+        identity = {"topic": item.topic, "tag": item.tags.decode(), "key": uniq_key(item)}
+        return self.handle(item, identity=identity)
+
+
+class PowertoolsFresh(PowertoolsCase):
+    name = "powertools_fresh"
+
+
+class PowertoolsDup(PowertoolsCase):
+    name = "powertools_dup"
+    duplicates = True
+
+
+# -- MySQL ---------------------------------------------------------------------------------
+
+
+class MySQLCase(Case):
+    """A case on the bench's MariaDB tables; ``cleanup`` deletes this case's rows."""
+
+    needs = frozenset({"mysql"})
+    quick_n, full_n = 3_000, 10_000
+    table: ClassVar[str]
+
+    def setup(self) -> None:
+        self.connect = self.ctx.servers.mysql_connect()
+        self.admin = self.connect()
+        self.admin.autocommit(True)
+
+    def sql(self, statement: str, params: Optional[tuple[Any, ...]] = None) -> None:
+        cur = self.admin.cursor()
+        try:
+            cur.execute(statement, params)
+        finally:
+            cur.close()
+
+    def cleanup(self) -> None:
+        self.sql(f"DELETE FROM `{self.table}` WHERE application_name = %s", (self.app,))
+
+    def close(self) -> None:
+        super().close()
+        self.admin.close()
+
+
+class LibraryMySQLCase(MySQLCase):
+    table = LIBRARY_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        MySQLDedupStore(self.connect, self.table).create_table()
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.connect, table_name=self.table, **listener_options()
+        )
+        self.listener = BenchListener(config, self.handler)
+
+    def consume(self, item: Any) -> Any:
+        return self.listener(item)
+
+    def close(self) -> None:
+        super().close()
+        assert self.listener.dedup_config is not None
+        assert self.listener.dedup_config.persist is not None
+        self.listener.dedup_config.persist.close()
+
+
+class MySQLFresh(LibraryMySQLCase):
+    name = "mysql_fresh"
+
+
+class MySQLDup(LibraryMySQLCase):
+    name = "mysql_dup"
+    quick_n, full_n = 3_000, 10_000
+    duplicates = True
+
+
+class MySQLNaiveFresh(MySQLCase):
+    """The Java JDBC algorithm (INSERT + UPDATE, autocommit) on the Java original's table."""
+
+    name = "mysql_naive_fresh"
+    table = NAIVE_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        self.sql(NAIVE_SCHEMA.format(table=self.table))
+        self.naive = NaiveMySQLDedup(self.connect(), self.table, self.app, self.handler)
+
+    def consume(self, item: Any) -> Any:
+        return self.naive(item)
+
+    def close(self) -> None:
+        super().close()
+        self.naive.conn.close()
+
+
+IN_PROCESS_CASES: tuple[type[Case], ...] = (
+    Noop,
+    MemoryFresh,
+    RedisFresh,
+    RedisDup,
+    RedisNaiveFresh,
+    RedisNaiveDup,
+    PowertoolsFresh,
+    PowertoolsDup,
+    RedisBatch32Fresh,
+    RedisThreads8Fresh,
+    MySQLFresh,
+    MySQLDup,
+    MySQLNaiveFresh,
+)

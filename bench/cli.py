@@ -1,0 +1,134 @@
+"""``python -m bench``: run the benchmark cases, print the table and the target ratios."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import sys
+import uuid
+from pathlib import Path
+from typing import Optional, Sequence
+
+from bench.cases import IN_PROCESS_CASES, BenchError, Case, Context
+from bench.e2e import E2E_CASES
+from bench.report import environment, evaluate, format_table, format_targets, to_json, write_json
+from bench.runner import log_stderr, run_cases
+from bench.settings import BenchSetupError, Servers
+
+ALL_CASES: tuple[type[Case], ...] = IN_PROCESS_CASES + E2E_CASES
+QUICK_REPS, FULL_REPS = 3, 5
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Throughput of rocketmq-dedup against its baselines (msgs/s, median of "
+        "interleaved repetitions) and the speed targets.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"small N, {QUICK_REPS} reps, no e2e cases (under 2 minutes)",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+    parser.add_argument(
+        "--cases",
+        metavar="NAMES",
+        help="comma-separated case names or globs (e.g. 'redis_*,noop'); "
+        "named e2e cases run even with --quick",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        metavar="N",
+        help=f"repetitions (default {QUICK_REPS} with --quick, else {FULL_REPS})",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the per-rep case order")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a target fails")
+    parser.add_argument("--chart", type=Path, metavar="PATH", help="also render a PNG chart")
+    parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    parser.add_argument(
+        "--services",
+        action="store_true",
+        help="print the servers the selected cases need (redis mysql broker)",
+    )
+    args = parser.parse_args(argv)
+    if args.reps is not None and args.reps < 1:
+        parser.error("--reps must be at least 1")
+    return args
+
+
+def select_cases(pattern: Optional[str], quick: bool) -> list[type[Case]]:
+    if pattern is None:
+        return [c for c in ALL_CASES if c.in_quick or not quick]
+    wanted = [p.strip() for p in pattern.split(",") if p.strip()]
+    unknown = [p for p in wanted if not any(fnmatch.fnmatchcase(c.name, p) for c in ALL_CASES)]
+    if unknown:
+        names = ", ".join(c.name for c in ALL_CASES)
+        raise SystemExit(f"bench: error: no case matches {', '.join(unknown)} (cases: {names})")
+    return [c for c in ALL_CASES if any(fnmatch.fnmatchcase(c.name, p) for p in wanted)]
+
+
+def needed_services(cases: Sequence[type[Case]]) -> list[str]:
+    needs = set().union(*(c.needs for c in cases))
+    return [s for s in ("redis", "mysql", "broker") if s in needs]
+
+
+def check_servers(servers: Servers, services: Sequence[str]) -> dict[str, str]:
+    """Reach every server the cases need; return their versions. Raises BenchSetupError."""
+    checks = {
+        "redis": servers.check_redis,
+        "mysql": servers.check_mysql,
+        "broker": servers.check_namesrv,
+    }
+    return {name: checks[name]() for name in services}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    classes = select_cases(args.cases, args.quick)
+    if args.services:
+        print(" ".join(needed_services(classes)))
+        return 0
+    if args.list:
+        print("\n".join(c.name for c in classes))
+        return 0
+    reps = args.reps or (QUICK_REPS if args.quick else FULL_REPS)
+    if reps < 3:
+        log_stderr(f"warning: {reps} rep(s); the targets are defined on the median of >= 3")
+    servers = Servers.from_env()
+    try:
+        versions = check_servers(servers, needed_services(classes))
+    except BenchSetupError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    ctx = Context(servers, uuid.uuid4().hex[:8])
+    cases = [c(ctx, c.quick_n if args.quick else c.full_n) for c in classes]
+    log_stderr(f"{len(cases)} cases x {reps} reps ({'quick' if args.quick else 'full'})")
+    try:
+        results = run_cases(cases, reps, args.seed)
+    except BenchError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 3
+    evaluated = evaluate(results)
+    print(format_table(results))
+    print()
+    print(format_targets(evaluated))
+    options = {
+        "quick": args.quick,
+        "reps_per_case": reps,
+        "seed": args.seed,
+        "n": {c.name: c.n for c in cases},
+    }
+    document = to_json(results, environment(versions, options), evaluated)
+    if args.json:
+        write_json(args.json, document)
+        log_stderr(f"wrote {args.json}")
+    if args.chart:
+        from bench.chart import render
+
+        render(document, args.chart)
+        log_stderr(f"wrote {args.chart}")
+    if args.check and not all(t.passed for t in evaluated):
+        return 1
+    return 0

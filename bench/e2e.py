@@ -1,0 +1,166 @@
+"""End-to-end cases: consumer throughput through the real broker with the classic client
+(``rocketmq-client-python``), without and with dedup on Redis.
+
+Per repetition: a new consumer group subscribes to ``DEDUP-BENCH`` with a tag unique to the
+repetition (so earlier repetitions' messages are filtered out by the broker, whatever offset a
+new group starts from); probe messages are sent until the consumer has received one (it is
+subscribed and has its queues); then N messages are produced while the callbacks wait at a
+closed gate (the client pulls and buffers them). The timed part starts when the gate opens
+and ends when the N-th distinct message has been handled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Optional
+
+from bench.cases import (
+    OK,
+    BenchError,
+    BenchListener,
+    Case,
+    delete_keys,
+    library_key_pattern,
+    listener_options,
+)
+from bench.settings import LIBRARY_KEY_PREFIX, TOPIC
+from rocketmq_dedup import DedupConfig
+
+PROBE_BODY = b"bench-probe"
+PAYLOAD_BODY = b'{"order": 1}'
+HANDSHAKE_TIMEOUT_S = 60.0
+PROBE_INTERVAL_S = 1.0
+DRAIN_TIMEOUT_S = 120.0
+
+
+class E2ECase(Case):
+    """A consumer of the real broker; ``consume`` is what its callback does per message."""
+
+    needs = frozenset({"broker"})
+    quick_n, full_n = 2_000, 5_000
+    in_quick = False
+
+    def setup(self) -> None:
+        from rocketmq.client import Producer
+
+        self.producer = Producer(f"dedup-bench-producer-{self.ctx.run_id}-{self.name}")
+        self.producer.set_namesrv_addr(self.ctx.servers.namesrv_addr)
+        self.producer.start()
+        self.consumer: Optional[Any] = None
+
+    def prepare(self, rep: object) -> None:
+        self.tag = f"Bench{self.ctx.run_id}{self.name.replace('_', '')}{rep}"
+        self.gate = threading.Event()
+        self.done = threading.Event()
+        self.probed = threading.Event()
+        self.lock = threading.Lock()
+        self.seen: set[str] = set()
+        self.finished_at = 0.0
+        self.consumer = self.start_consumer(f"dedup-bench-{self.ctx.run_id}-{self.name}-{rep}")
+        self.handshake()
+        for i in range(self.n):
+            self.send(PAYLOAD_BODY, f"{self.tag}-{i}")
+
+    def start_consumer(self, group: str) -> Any:
+        from rocketmq.client import PushConsumer
+
+        consumer = PushConsumer(group)
+        consumer.set_namesrv_addr(self.ctx.servers.namesrv_addr)
+        consumer.subscribe(TOPIC, self.callback, self.tag)
+        consumer.start()
+        return consumer
+
+    def send(self, body: bytes, keys: str) -> None:
+        from rocketmq.client import Message, SendStatus
+
+        msg = Message(TOPIC)
+        msg.set_tags(self.tag)
+        msg.set_keys(keys)
+        msg.set_body(body)
+        result = self.producer.send_sync(msg)
+        if result.status != SendStatus.OK:
+            raise BenchError(f"{self.name}: send failed: {result.status!r}")
+
+    def handshake(self) -> None:
+        """Send probes until the consumer receives one: it is subscribed and pulling."""
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        while not self.probed.is_set():
+            if time.monotonic() > deadline:
+                raise BenchError(
+                    f"{self.name}: the consumer received no probe within "
+                    f"{HANDSHAKE_TIMEOUT_S:.0f}s; is the broker up?"
+                )
+            self.send(PROBE_BODY, "probe")
+            self.probed.wait(PROBE_INTERVAL_S)
+
+    def callback(self, msg: Any) -> Any:
+        """The consumer's callback: probes are acked; payloads wait at the gate, are consumed,
+        and the N-th distinct one stops the clock."""
+        if msg.body == PROBE_BODY:
+            self.probed.set()
+            return OK
+        self.gate.wait()
+        status = self.consume(msg)
+        with self.lock:
+            self.seen.add(msg.id)
+            if len(self.seen) == self.n:
+                self.finished_at = time.perf_counter()
+                self.done.set()
+        return status
+
+    def measure(self) -> float:
+        start = time.perf_counter()
+        self.gate.set()
+        if not self.done.wait(DRAIN_TIMEOUT_S):
+            raise BenchError(
+                f"{self.name}: {len(self.seen)} of {self.n} messages consumed "
+                f"in {DRAIN_TIMEOUT_S:.0f}s"
+            )
+        return self.finished_at - start
+
+    def cleanup(self) -> None:
+        if self.consumer is not None:
+            self.consumer.shutdown()
+            self.consumer = None
+
+    def close(self) -> None:
+        super().close()
+        self.producer.shutdown()
+
+
+class E2ENoDedup(E2ECase):
+    name = "e2e_nodedup"
+
+    def consume(self, item: Any) -> Any:
+        return OK if self.handler(item) else None
+
+
+class E2ERedis(E2ECase):
+    """The library's listener on Redis as the callback's consumer (default dedup key: the
+    UNIQ_KEY the producer set)."""
+
+    name = "e2e_redis"
+    needs = frozenset({"broker", "redis"})
+
+    def setup(self) -> None:
+        super().setup()
+        self.client = self.ctx.servers.redis_client()
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.client, key_prefix=LIBRARY_KEY_PREFIX, **listener_options()
+        )
+        self.listener = BenchListener(config, self.handler)
+
+    def consume(self, item: Any) -> Any:
+        return self.listener(item)
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        delete_keys(self.client, library_key_pattern(self.app))
+
+    def close(self) -> None:
+        super().close()
+        self.client.close()
+
+
+E2E_CASES: tuple[type[Case], ...] = (E2ENoDedup, E2ERedis)

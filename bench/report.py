@@ -1,0 +1,201 @@
+"""Targets, ratios, the environment record, the printed table and the JSON file."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.runner import CaseResult
+
+
+@dataclass(frozen=True)
+class Target:
+    """``numerator / denominator >= threshold``, or ``numerator >= threshold`` (msg/s) when
+    there is no denominator."""
+
+    numerator: str
+    denominator: Optional[str]
+    threshold: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.numerator}/{self.denominator}" if self.denominator else self.numerator
+
+    @property
+    def cases(self) -> tuple[str, ...]:
+        return (self.numerator, self.denominator) if self.denominator else (self.numerator,)
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("redis_dup", "redis_naive_dup", 1.4),
+    Target("redis_fresh", "redis_naive_fresh", 0.95),
+    Target("redis_fresh", "powertools_fresh", 1.5),
+    Target("redis_dup", "powertools_dup", 4.0),
+    Target("redis_batch32_fresh", "redis_fresh", 8.0),
+    Target("redis_threads8_fresh", "redis_fresh", 2.5),
+    Target("memory_fresh", None, 60_000.0),
+    Target("mysql_fresh", "mysql_naive_fresh", 0.9),
+    Target("e2e_redis", "e2e_nodedup", 0.8),
+)
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """A target's value in every repetition: the ratio of the two cases measured side by side
+    (msg/s for an absolute target). ``value``, which is judged, is their median."""
+
+    target: Target
+    rep_values: list[float]
+    of_medians: float  # the ratio of the cases' medians (or the median msg/s), for reference
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.rep_values)
+
+    @property
+    def passed(self) -> bool:
+        return self.value >= self.target.threshold
+
+
+def evaluate(results: list[CaseResult]) -> list[TargetResult]:
+    """The targets whose cases all ran."""
+    by_name = {r.name: r for r in results}
+    evaluated = []
+    for target in TARGETS:
+        if not all(name in by_name for name in target.cases):
+            continue
+        num = by_name[target.numerator]
+        if target.denominator is None:
+            evaluated.append(TargetResult(target, list(num.reps), num.median))
+            continue
+        den = by_name[target.denominator]
+        per_rep = [a / b for a, b in zip(num.reps, den.reps)]
+        evaluated.append(TargetResult(target, per_rep, num.median / den.median))
+    return evaluated
+
+
+def ratios(results: list[CaseResult]) -> dict[str, float]:
+    """Every target ratio that could be computed (median of the per-repetition ratios)."""
+    return {t.target.name: t.value for t in evaluate(results) if t.target.denominator}
+
+
+def format_table(results: list[CaseResult]) -> str:
+    lines = [f"{'case':<22} {'N':>9} {'msgs/s median':>14} {'min':>12} {'max':>12}  reps"]
+    for r in results:
+        lines.append(
+            f"{r.name:<22} {r.n:>9,} {r.median:>14,.0f} {min(r.reps):>12,.0f} "
+            f"{max(r.reps):>12,.0f}  {len(r.reps)}"
+        )
+    return "\n".join(lines)
+
+
+def format_targets(evaluated: list[TargetResult]) -> str:
+    lines = [
+        "ratios: median of the per-rep ratios (cases of one rep run side by side)",
+        f"{'target':<38} {'value':>9} {'per-rep range':>21} {'of medians':>10} "
+        f"{'needs':>10}  result",
+    ]
+    for t in evaluated:
+        fmt = "{:,.0f}" if t.target.denominator is None else "{:.2f}"
+        spread = f"{fmt.format(min(t.rep_values))} .. {fmt.format(max(t.rep_values))}"
+        needs = ">= " + fmt.format(t.target.threshold)
+        lines.append(
+            f"{t.target.name:<38} {fmt.format(t.value):>9} {spread:>21} "
+            f"{fmt.format(t.of_medians):>10} {needs:>10}  {'PASS' if t.passed else 'FAIL'}"
+        )
+    return "\n".join(lines)
+
+
+def to_json(
+    results: list[CaseResult], env: dict[str, Any], evaluated: list[TargetResult]
+) -> dict[str, Any]:
+    return {
+        "cases": {r.name: {"msgs_per_s": r.median, "reps": r.reps, "n": r.n} for r in results},
+        "ratios": ratios(results),
+        "targets": [
+            {
+                "name": t.target.name,
+                "value": t.value,
+                "per_rep": t.rep_values,
+                "of_medians": t.of_medians,
+                "threshold": t.target.threshold,
+                "pass": t.passed,
+            }
+            for t in evaluated
+        ],
+        "env": env,
+    }
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def environment(server_versions: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
+    """Software and machine facts (no host name), plus the run's options."""
+    return {
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "packages": {name: _version(name) for name in PACKAGES},
+        "servers": server_versions,
+        "machine": platform.machine(),
+        "system": f"{platform.system()} {platform.release()}",
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "git_commit": _git_commit(),
+        **options,
+    }
+
+
+PACKAGES = (
+    "rocketmq-dedup",
+    "redis",
+    "hiredis",
+    "mysqlclient",
+    "aws-lambda-powertools",
+    "rocketmq-client-python",
+    "pyinstrument",
+    "matplotlib",
+)
+
+
+def _version(name: str) -> Optional[str]:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> Optional[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _git_commit() -> Optional[str]:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None

@@ -1,0 +1,85 @@
+"""Runs the repetitions: every repetition runs every case once, in a shuffled order, so the
+cases of one repetition are measured close together in time."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from bench.cases import BenchError, Case
+
+WARMUP_N = 300
+
+
+@dataclass
+class CaseResult:
+    """One case's rates (messages per second), one per repetition in run order."""
+
+    name: str
+    n: int
+    reps: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.reps)
+
+
+Log = Callable[[str], None]
+
+
+def log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_once(case: Case, rep: int) -> float:
+    """One timed repetition of ``case``; returns messages per second. Raises BenchError when
+    the handler was not called exactly as the case requires."""
+    case.prepare(rep)
+    case.handler.reset()
+    try:
+        elapsed = case.measure()
+        calls, expected = case.handler.calls, case.expected_calls()
+        if calls != expected:
+            raise BenchError(
+                f"{case.name}: the handler ran {calls} times in the timed pass, expected "
+                f"{expected}: the case did not measure what it claims"
+            )
+    finally:
+        case.cleanup()
+    return case.n / elapsed
+
+
+def run_cases(cases: list[Case], reps: int, seed: int, log: Log = log_stderr) -> list[CaseResult]:
+    """Set up, warm up, run ``reps`` interleaved repetitions, close. Results in case order."""
+    results = {case.name: CaseResult(case.name, case.n) for case in cases}
+    started: list[Case] = []
+    try:
+        for case in cases:
+            case.setup()
+            started.append(case)
+            case.warm_up(WARMUP_N)
+        for rep in range(reps):
+            order = list(cases)
+            random.Random(seed + rep).shuffle(order)
+            began = time.monotonic()
+            for case in order:
+                rate = run_once(case, rep)
+                results[case.name].reps.append(rate)
+                log(f"  rep {rep + 1}/{reps}  {case.name:<22} {rate:>14,.0f} msg/s")
+            log(f"rep {rep + 1}/{reps} done in {time.monotonic() - began:.1f}s")
+    finally:
+        close_all(reversed(started), log)
+    return [results[case.name] for case in cases]
+
+
+def close_all(cases: Iterable[Case], log: Log) -> None:
+    """Close every case (deleting its records) even if one fails; never masks the run's error."""
+    for case in cases:
+        try:
+            case.close()
+        except Exception as exc:
+            log(f"warning: closing {case.name} failed: {type(exc).__name__}: {exc}")

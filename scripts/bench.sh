@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Run the benchmark harness (bench/): python -m bench in .venv-classic with the bench-only
+# requirements, against the project's Redis and MariaDB (and the RocketMQ broker for e2e cases).
+#   scripts/bench.sh [--quick] [--json PATH] [--chart PATH] [--cases NAMES] [--reps N] [--check]
+#   scripts/bench.sh --help            all options (python -m bench --help)
+# Servers that are not running are started and, at exit, stopped again; servers that were
+# already running are used and left alone.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$REPO_ROOT"
+
+PY=.venv-classic/bin/python
+
+"$REPO_ROOT/scripts/bootstrap.sh"
+
+# bench-only packages: reinstalled when requirements-bench.txt or the venv itself changed
+bench_stamp=$(cat requirements-bench.txt .venv-classic/.stamp | sha256sum | cut -c1-16)
+if [[ ! -f .venv-classic/.bench-stamp || $(cat .venv-classic/.bench-stamp) != "$bench_stamp" ]]; then
+  log "installing requirements-bench.txt into .venv-classic"
+  .venv-classic/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
+  echo "$bench_stamp" >.venv-classic/.bench-stamp
+fi
+
+needs=$("$PY" -m bench --services "$@")   # e.g. "redis mysql broker"; exits non-zero on bad args
+
+cleanups=()
+cleanup() {
+  local i
+  for ((i = ${#cleanups[@]} - 1; i >= 0; i--)); do ${cleanups[i]} || true; done
+}
+trap cleanup EXIT
+
+if [[ $needs == *redis* || $needs == *mysql* ]]; then
+  if scripts/services.sh status >/dev/null 2>&1; then
+    log "services already running; leaving them running"
+  elif scripts/services.sh status 2>/dev/null | grep -q ': running'; then
+    log "some services are running: starting the rest, stopping none at exit"
+    scripts/services.sh up
+  else
+    scripts/services.sh up
+    cleanups+=("scripts/services.sh down")
+  fi
+fi
+
+if [[ $needs == *broker* ]]; then
+  if scripts/rocketmq.sh status >/dev/null 2>&1; then
+    log "RocketMQ already running; leaving it running"
+  else
+    scripts/rocketmq.sh up
+    cleanups+=("scripts/rocketmq.sh down")
+  fi
+fi
+
+# the servers' addresses (as the tests get them), unless the caller set them
+for assignment in $(scripts/services.sh env | sed 's/^export //'); do
+  name=${assignment%%=*}
+  [[ -n ${!name:-} ]] || export "${assignment?}"
+done
+
+"$PY" -m bench "$@"

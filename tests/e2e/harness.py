@@ -1,0 +1,171 @@
+"""E2E plumbing: consumer processes, the recording tables, polling helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from tests.e2e.clients import Producer
+from tests.e2e.consumer_app import BIZ_KEY, SCHEMA
+from tests.support import mysql_connect, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+STATE = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-dedup"))
+
+
+def sql(query: str, *params: Any) -> List[Any]:
+    conn = mysql_connect()()
+    try:
+        conn.autocommit(True)
+        cur = conn.cursor()
+        cur.execute(query, params)
+        return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def create_tables() -> None:
+    for statement in SCHEMA:
+        sql(statement)
+
+
+class ConsumerProcess:
+    """A consumer_app subprocess."""
+
+    def __init__(self, settings: Dict[str, Any]) -> None:
+        home = STATE / "e2e-home"  # the clients write their logs under $HOME
+        home.mkdir(parents=True, exist_ok=True)
+        self.log_path = STATE / f"e2e-consumer-{settings['run_id']}-{time.time_ns()}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.consumer_app", json.dumps(settings)],
+            cwd=REPO,
+            env={**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # blocks until STARTED or the process dies
+        if line.strip() != "STARTED":
+            self.kill()
+            raise AssertionError(f"consumer did not start: {self.log_path.read_text()[-2000:]}")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no ack, no cleanup."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+class Run:
+    """One test's messages and what the consumers recorded about them."""
+
+    def __init__(self, run_id: str, producer: Producer, topic: str) -> None:
+        self.run_id = run_id
+        self.producer = producer
+        self.topic = topic
+        self.sent: List[str] = []
+
+    def send(self, key: str, body: bytes = b"payload") -> str:
+        msg_id = self.producer.send(self.topic, body, {BIZ_KEY: key, "run_id": self.run_id})
+        self.sent.append(msg_id)
+        return msg_id
+
+    def effects(self, phase: str = "done") -> Counter[str]:
+        rows = sql(
+            "SELECT biz_key FROM e2e_effects WHERE run_id = %s AND phase = %s",
+            self.run_id,
+            phase,
+        )
+        return Counter(r[0] for r in rows if not r[0].startswith("warmup-"))
+
+    def deliveries(self) -> List[Dict[str, Any]]:
+        rows = sql(
+            "SELECT biz_key, msg_id, attempt, status, handled, pid FROM e2e_deliveries "
+            "WHERE run_id = %s ORDER BY id",
+            self.run_id,
+        )
+        keys = ("biz_key", "msg_id", "attempt", "status", "handled", "pid")
+        return [dict(zip(keys, r)) for r in rows if not r[0].startswith("warmup-")]
+
+    def acked_ids(self) -> set[str]:
+        return {d["msg_id"] for d in self.deliveries() if d["status"] == 0}
+
+    def wait_all_acked(self, timeout: float = 90) -> None:
+        """Every message sent so far got a CONSUME_SUCCESS answer."""
+        wait_for(lambda: set(self.sent) <= self.acked_ids(), timeout=timeout, interval=0.2)
+
+    def wait_handled(self, keys: List[str], timeout: float = 90) -> None:
+        wait_for(lambda: set(keys) <= set(self.effects()), timeout=timeout, interval=0.2)
+
+    def wait_for_phase(self, key: str, phase: str, timeout: float = 60) -> None:
+        wait_for(lambda: self.effects(phase)[key] > 0, timeout=timeout, interval=0.1)
+
+    def warm_up(self, timeout: float = 60) -> None:
+        """Send warm-up messages until a consumer handles one (queues assigned, pulling)."""
+        deadline = time.monotonic() + timeout
+        n = 0
+        while time.monotonic() < deadline:
+            self.producer.send(
+                self.topic, b"warmup", {BIZ_KEY: f"warmup-{n}", "run_id": self.run_id}
+            )
+            n += 1
+            poll_end = time.monotonic() + 1.0
+            while time.monotonic() < poll_end:
+                if sql("SELECT 1 FROM e2e_deliveries WHERE run_id = %s LIMIT 1", self.run_id):
+                    return
+                time.sleep(0.1)
+        raise AssertionError("no consumer received a warm-up message")
+
+
+def settings_for(
+    client: str, store: str, run_id: str, topic: str, group: str, **overrides: Any
+) -> Dict[str, Any]:
+    settings: Dict[str, Any] = {
+        "client": client,
+        "store": store,
+        "app": f"e2e-{run_id}",
+        "group": group,
+        "topic": topic,
+        "run_id": run_id,
+        "handler_ms": 100,
+        "threads": 4,
+        "table": "t_rocketmq_dedup_e2e",
+    }
+    settings.update(overrides)
+    return settings
+
+
+def rocketmq_script(*args: str, capture: bool = False) -> Optional[str]:
+    result = subprocess.run(
+        [str(REPO / "scripts/rocketmq.sh"), *args],
+        check=True,
+        capture_output=capture,
+        text=True,
+        timeout=120,
+    )
+    return result.stdout if capture else None
