@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Redis and MariaDB for tests, benchmarks and the demo: installed from Debian packages, bound to
 # 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID.
-#   scripts/services.sh up|down|status|restart-mysql|env
+#   scripts/services.sh up|down [redis|cluster|mysql ...]   (no names: all three)
+#   scripts/services.sh status|restart-mysql|env
 # Redis: 127.0.0.1:16379.  Redis Cluster: 127.0.0.1:17000-17002 (3 masters).  MariaDB: 127.0.0.1:13306, database dedup_test, user dedup/dedup.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -91,16 +92,31 @@ status() {
 
 case "${1:-}" in
   up)
+    shift
+    wanted=("${@:-redis cluster mysql}"); wanted=(${wanted[*]})
     apt_install redis-server mariadb-server mariadb-client
     mkdir -p "$STATE"
-    redis_up
-    cluster_up
-    mysql_up
+    for svc in "${wanted[@]}"; do
+      case "$svc" in
+        redis) redis_up ;; cluster) cluster_up ;; mysql) mysql_up ;;
+        *) die "unknown service $svc (redis, cluster, mysql)" ;;
+      esac
+    done
     ;;
   down)
-    stop_pid "$STATE/redis.pid" redis
-    for port in "${CLUSTER_PORTS[@]}"; do stop_pid "$STATE/redis-cluster-$port.pid" "redis cluster node $port"; done
-    stop_pid "$STATE/mariadb.pid" mariadb
+    shift
+    wanted=("${@:-redis cluster mysql}"); wanted=(${wanted[*]})
+    for svc in "${wanted[@]}"; do
+      case "$svc" in
+        redis) stop_pid "$STATE/redis.pid" redis ;;
+        cluster)
+          for port in "${CLUSTER_PORTS[@]}"; do
+            stop_pid "$STATE/redis-cluster-$port.pid" "redis cluster node $port"
+          done ;;
+        mysql) stop_pid "$STATE/mariadb.pid" mariadb ;;
+        *) die "unknown service $svc (redis, cluster, mysql)" ;;
+      esac
+    done
     ;;
   restart-mysql)  # for the reconnect test: stop and start the same data directory
     stop_pid "$STATE/mariadb.pid" mariadb
