@@ -337,7 +337,7 @@ class PowertoolsCase(RedisCase):
         config.register_lambda_context(LeaseContext())  # type: ignore[arg-type]
         handler = self.handler
 
-        @idempotent_function(
+        @idempotent_function(  # type: ignore[untyped-decorator]
             data_keyword_argument="identity",
             persistence_store=RedisCachePersistenceLayer(client=self.client),
             config=config,

@@ -28,7 +28,7 @@ Handler = Callable[[Any], bool]
 def uniq_key(msg: Any) -> str:
     """The message's UNIQ_KEY property, else its id (the Java default dedup key)."""
     uniq = msg.get_property("UNIQ_KEY")
-    return uniq.decode() if uniq else msg.id
+    return str(uniq.decode() if uniq else msg.id)
 
 
 class NaiveDedup(abc.ABC):

@@ -77,7 +77,9 @@ def profile_case(case: Case, top: int, tree: bool) -> str:
     finally:
         case.close()
     head = f"== {case.name}: {case.n} messages, {case.n / elapsed:,.0f} msg/s under the profiler"
-    parts = [head, summarise(profiler.last_session.root_frame(), top)]
+    session = profiler.last_session
+    assert session is not None
+    parts = [head, summarise(session.root_frame(), top)]
     if tree:
         parts.append(profiler.output_text(unicode=True, color=False, show_all=False))
     return "\n".join(parts)

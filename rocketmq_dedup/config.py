@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Optional, Union
 
 from rocketmq_dedup.errors import DedupConfigError
+from rocketmq_dedup.lease import LeaseKeeper
 from rocketmq_dedup.status import StoreFailurePolicy
 from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.stores.foreign import ForeignStore, looks_like_store
@@ -14,12 +16,15 @@ from rocketmq_dedup.stores.redis import DEFAULT_KEY_PREFIX, RedisDedupStore, is_
 
 DEFAULT_PROCESSING_EXPIRE_MILLI_SECONDS = 60_000
 DEFAULT_RECORD_RESERVE_MINUTES = 1440
+DEFAULT_MAX_PROCESSING_MILLI_SECONDS = 900_000  # RocketMQ's consume timeout: 15 minutes
 
 _COMMON_OPTIONS = frozenset(
     {
         "dedup_processing_expire_milli_seconds",
         "dedup_record_reserve_minutes",
         "store_failure_policy",
+        "lease_renewal",
+        "max_processing_milli_seconds",
     }
 )
 
@@ -38,6 +43,10 @@ class DedupConfig:
     * ``dedup_record_reserve_minutes`` - how long a CONSUMED record is kept (default 1440).
     * ``store_failure_policy`` - ``"consume"`` (default: run the handler without dedup and log a
       warning) or ``"reconsume_later"`` (leave the message to the broker's retry).
+    * ``lease_renewal`` - renew the leases of handlers still running, every third of a lease
+      (default True; see :mod:`rocketmq_dedup.lease`), for at most
+      ``max_processing_milli_seconds`` after the claim (default 900 000: RocketMQ's consume
+      timeout). A crashed consumer renews nothing: its claims lapse one lease later.
     """
 
     def __init__(
@@ -49,6 +58,8 @@ class DedupConfig:
         dedup_processing_expire_milli_seconds: float = DEFAULT_PROCESSING_EXPIRE_MILLI_SECONDS,
         dedup_record_reserve_minutes: float = DEFAULT_RECORD_RESERVE_MINUTES,
         store_failure_policy: Union[str, StoreFailurePolicy] = StoreFailurePolicy.CONSUME,
+        lease_renewal: bool = True,
+        max_processing_milli_seconds: float = DEFAULT_MAX_PROCESSING_MILLI_SECONDS,
     ) -> None:
         if not isinstance(application_name, str) or not application_name:
             raise DedupConfigError("application_name must be a non-empty string")
@@ -63,6 +74,10 @@ class DedupConfig:
         self.dedup_processing_expire_milli_seconds = dedup_processing_expire_milli_seconds
         self.dedup_record_reserve_minutes = dedup_record_reserve_minutes
         self.store_failure_policy = store_failure_policy
+        self.lease_renewal = bool(lease_renewal)
+        self.max_processing_milli_seconds = max_processing_milli_seconds
+        self._keeper: Optional[LeaseKeeper] = None
+        self._keeper_lock = threading.Lock()
 
     # -- factories (the Java names) ------------------------------------------------------
 
@@ -111,6 +126,39 @@ class DedupConfig:
     def dedup_record_reserve_minutes(self, value: float) -> None:
         self._retention_minutes_setting = _positive("dedup_record_reserve_minutes", value)
         self.retention_ms = max(1, round(self._retention_minutes_setting * 60_000))
+
+    @property
+    def max_processing_milli_seconds(self) -> float:
+        return self._max_processing_setting
+
+    @max_processing_milli_seconds.setter
+    def max_processing_milli_seconds(self, value: float) -> None:
+        self._max_processing_setting = _positive("max_processing_milli_seconds", value)
+        self.max_processing_ms = max(1, round(value))
+
+    def lease_keeper(self) -> Optional[LeaseKeeper]:
+        """The lease keeper for the current settings, or None when renewal is off or the
+        store cannot renew."""
+        if not (self.enabled and self.lease_renewal and self.persist is not None):
+            return None
+        if not self.persist.supports_renewal:
+            return None
+        keeper = self._keeper
+        if (
+            keeper is None
+            or keeper.lease_ms != self.lease_ms
+            or keeper.max_processing_ms != self.max_processing_ms
+        ):
+            with self._keeper_lock:
+                keeper = self._keeper
+                if (
+                    keeper is None
+                    or keeper.lease_ms != self.lease_ms
+                    or keeper.max_processing_ms != self.max_processing_ms
+                ):
+                    keeper = LeaseKeeper(self.persist, self.lease_ms, self.max_processing_ms)
+                    self._keeper = keeper
+        return keeper
 
     @property
     def store_failure_policy(self) -> StoreFailurePolicy:

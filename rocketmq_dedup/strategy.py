@@ -117,7 +117,12 @@ class DedupStrategy:
             answer = _duplicate_status(element, claim)
             return _run(handler, msg) if answer is None else answer
         logger.debug("claimed %r as %s", element, owner)
+        keeper = config.lease_keeper()
+        if keeper is not None:
+            keeper.hold([element], [owner])
         status = _run(handler, msg)
+        if keeper is not None:
+            keeper.drop([owner])
         if status is ConsumeStatus.CONSUME_SUCCESS:
             self._mark_consumed([element], [owner])
         else:
@@ -178,6 +183,10 @@ class DedupStrategy:
         claims: Dict[int, _Claim] = {
             i: _Claim(e, o, r) for (i, e), o, r in zip(keyed, owners, results)
         }
+        owned = [c for c in claims.values() if c.result.claimed]
+        keeper = config.lease_keeper() if owned else None
+        if keeper is not None:
+            keeper.hold([c.element for c in owned], [c.owner for c in owned])
 
         statuses = [ConsumeStatus.RECONSUME_LATER] * len(msgs)
         for i, msg in enumerate(msgs):
@@ -195,7 +204,8 @@ class DedupStrategy:
             if stop_at_failure and status is not ConsumeStatus.CONSUME_SUCCESS:
                 break
 
-        owned = [c for c in claims.values() if c.result.claimed]
+        if keeper is not None:
+            keeper.drop([c.owner for c in owned])
         done = [c for c in owned if c.succeeded]
         if done:
             self._mark_consumed([c.element for c in done], [c.owner for c in done])

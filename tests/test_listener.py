@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Callable, List, Optional
 
 import pytest
@@ -177,7 +178,8 @@ def test_lease_expiry_lets_a_duplicate_run_and_late_failure_keeps_its_record(
         return True
 
     listener = RecordingListener(
-        config_for(store, app_name, dedup_processing_expire_milli_seconds=300), behaviour
+        config_for(store, app_name, dedup_processing_expire_milli_seconds=300, lease_renewal=False),
+        behaviour,
     )
     slow = threading.Thread(target=listener, args=(ClassicMessage("m1", body=b"slow"),))
     slow.start()
@@ -206,7 +208,8 @@ def test_late_success_is_recorded_as_consumed(store: DedupStore, app_name: str) 
         return False
 
     listener = RecordingListener(
-        config_for(store, app_name, dedup_processing_expire_milli_seconds=300), behaviour
+        config_for(store, app_name, dedup_processing_expire_milli_seconds=300, lease_renewal=False),
+        behaviour,
     )
     slow = threading.Thread(target=listener, args=(ClassicMessage("m1", body=b"slow"),))
     slow.start()
@@ -363,3 +366,56 @@ def test_consume_each_handles_members_independently(store: DedupStore, app_name:
     assert listener.consume_each(batch) == [SUCCESS, LATER, SUCCESS, SUCCESS]
     assert listener.consume_each(batch) == [SUCCESS] * 4
     assert [m.id for m in listener.handled] == ["m2", "m0", "m1", "m3", "m1"]
+
+
+# lease renewal ------------------------------------------------------------------------------
+
+
+def test_lease_is_renewed_while_the_handler_runs(store: DedupStore, app_name: str) -> None:
+    """With renewal (the default) a handler running 5 leases long keeps its claim: a
+    duplicate arriving after the first lease lapsed is still answered RECONSUME_LATER."""
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(msg: Any) -> bool:
+        entered.set()
+        assert release.wait(20)
+        return True
+
+    listener = RecordingListener(
+        config_for(store, app_name, dedup_processing_expire_milli_seconds=300), slow
+    )
+    first = threading.Thread(target=listener, args=(ClassicMessage("m1"),))
+    first.start()
+    assert entered.wait(10)
+    deadline = time.monotonic() + 1.5  # five leases
+    while time.monotonic() < deadline:
+        assert listener(ClassicMessage("m1")) is LATER
+        time.sleep(0.05)
+    release.set()
+    first.join(10)
+    assert len(listener.handled) == 1
+    assert listener(ClassicMessage("m1")) is SUCCESS
+
+
+def test_renewal_stops_after_max_processing(store: DedupStore, app_name: str) -> None:
+    """Past max_processing_milli_seconds the lease is no longer renewed, so a hung handler
+    cannot block its message forever: a duplicate then runs."""
+    entered, release = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any) -> bool:
+        if msg.body == b"hung":
+            entered.set()
+            assert release.wait(20)
+        return True
+
+    config = config_for(
+        store, app_name, dedup_processing_expire_milli_seconds=300, max_processing_milli_seconds=600
+    )
+    listener = RecordingListener(config, behaviour)
+    hung = threading.Thread(target=listener, args=(ClassicMessage("m1", body=b"hung"),))
+    hung.start()
+    assert entered.wait(10)
+    wait_for(lambda: listener(ClassicMessage("m1", body=b"dup")) is SUCCESS)
+    release.set()
+    hung.join(10)
+    assert [m.body for m in listener.handled] == [b"hung", b"dup"]

@@ -155,3 +155,21 @@ def test_empty_batches_do_nothing(store: DedupStore) -> None:
     assert store.claim_many([], [], LEASE) == []
     store.mark_consumed_many([], [], RETENTION)
     assert store.release_many([], []) == 0
+
+
+def test_renew_extends_only_owned_claims(store: DedupStore, app_name: str) -> None:
+    """renew_many extends the owner's CONSUMING claim; a wrong owner or a CONSUMED record is
+    left alone and reported False."""
+    mine, other, done = (element(app_name, key=k) for k in ("mine", "other", "done"))
+    store.claim(mine, "o1", SHORT)
+    store.claim(other, "o2", SHORT)
+    store.claim(done, "o3", LEASE)
+    store.mark_consumed(done, "o3", RETENTION)
+    assert store.renew_many([mine, other, done], ["o1", "wrong", "o3"], LEASE) == [
+        True,
+        False,
+        False,
+    ]
+    wait_for(lambda: store.claim(other, "x", LEASE).claimed, timeout=10)  # not extended
+    assert store.claim(mine, "x", LEASE) == HELD_BY_OTHER  # extended past SHORT
+    assert store.get_status(done) is DedupStatus.CONSUMED

@@ -11,7 +11,8 @@ Contract every store honours (tested in ``tests/test_store_contract.py``):
   no window in which a vanished record lets two claimers both win.
 * ``mark_consumed`` always leaves a CONSUMED record that lives ``retention_ms``, whoever owned
   the claim (a success is never lost, and a CONSUMED record is never downgraded).
-* ``release`` deletes the record only if it is still a CONSUMING claim owned by ``owner``.
+* ``release`` deletes the record only if it is still a CONSUMING claim owned by ``owner``;
+  ``renew_many`` extends a lease under the same condition.
 """
 
 from __future__ import annotations
@@ -82,6 +83,18 @@ class DedupStore(abc.ABC):
             return 0
         return self._call(self.do_release_many, elements, owners)
 
+    #: Whether :meth:`renew_many` works (lease renewal is skipped otherwise).
+    supports_renewal = True
+
+    def renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]:
+        """Extend each claim still CONSUMING by its owner to ``lease_ms`` from now; return,
+        per claim, whether it was still owned."""
+        if not elements:
+            return []
+        return self._call(self.do_renew_many, elements, owners, lease_ms)
+
     def get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         """The live record's status, or None when there is none (for operators and tests)."""
         return self._call(self.do_get_status, element)
@@ -122,6 +135,11 @@ class DedupStore(abc.ABC):
 
     @abc.abstractmethod
     def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int: ...
+
+    @abc.abstractmethod
+    def do_renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]: ...
 
     @abc.abstractmethod
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]: ...

@@ -19,12 +19,18 @@ def looks_like_store(obj: object) -> bool:
 class ForeignStore(DedupStore):
     """Forwards to an object with ``claim(element, owner, lease_ms) -> ClaimResult``,
     ``mark_consumed(element, owner, retention_ms)``, ``release(element, owner) -> bool`` and,
-    optionally, ``get_status(element)``. Any exception it raises counts as a store failure."""
+    optionally, ``renew(element, owner, lease_ms) -> bool`` and ``get_status(element)``. Any exception it raises counts as a store failure."""
 
     driver_errors = (Exception,)
 
     def __init__(self, target: Any) -> None:
         self.target = target
+        self.supports_renewal = callable(getattr(target, "renew", None))
+
+    def do_renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]:
+        return [bool(self.target.renew(e, o, lease_ms)) for e, o in zip(elements, owners)]
 
     def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
         claimed, status = self.target.claim(element, owner, lease_ms)

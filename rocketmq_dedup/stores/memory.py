@@ -85,6 +85,20 @@ class MemoryDedupStore(DedupStore):
     def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
         return sum(self.do_release(e, o) for e, o in zip(elements, owners))
 
+    def do_renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]:
+        results = []
+        now = self._clock()
+        with self._lock:
+            for element, owner in zip(elements, owners):
+                record = self._live(element, now)
+                owned = record is not None and record[:2] == (DedupStatus.CONSUMING, owner)
+                if owned:
+                    self._records[element] = (DedupStatus.CONSUMING, owner, now + lease_ms / 1000)
+                results.append(owned)
+        return results
+
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         with self._lock:
             record = self._live(element, self._clock())

@@ -89,6 +89,10 @@ SELECT_SQL = (
 RELEASE_SQL = (
     "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
 )
+RENEW_SQL = (
+    f"UPDATE {{table}} SET expire_time = {NOW_MS} + %s "
+    "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
+)
 PURGE_SQL = f"DELETE FROM {{table}} WHERE expire_time <= {NOW_MS} LIMIT %s"
 
 
@@ -138,6 +142,7 @@ class MySQLDedupStore(DedupStore):
         self._sql: Dict[str, str] = {
             "release": RELEASE_SQL.format(table=table),
             "purge": PURGE_SQL.format(table=table),
+            "renew": RENEW_SQL.format(table=table),
             "schema": schema_sql(table_name),
         }
         self._table = table
@@ -280,6 +285,14 @@ class MySQLDedupStore(DedupStore):
 
     def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
         return sum(self.do_release(e, o) for e, o in zip(elements, owners))
+
+    def do_renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]:
+        sql = self._sql["renew"]
+        return [
+            int(self._execute(sql, (lease_ms, e.digest(), o))) > 0 for e, o in zip(elements, owners)
+        ]
 
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         row = self._select([element.digest()]).get(element.digest())

@@ -85,7 +85,25 @@ end
 return result
 """
 
-_CLAIM, _MARK, _RELEASE = "claim", "mark", "release"
+# KEYS[i]: the record key of element i
+# ARGV[1]: the lease, in milliseconds
+# ARGV[i + 1]: the claim value element i was claimed with ("CONSUMING:<owner token>")
+# Extends each key still holding exactly that claim to the lease; returns 1 per renewed key,
+# else 0 (taken over, consumed or gone: never touched).
+RENEW_SCRIPT = """
+local result = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i + 1] then
+    redis.call('PEXPIRE', key, ARGV[1])
+    result[i] = 1
+  else
+    result[i] = 0
+  end
+end
+return result
+"""
+
+_CLAIM, _MARK, _RELEASE, _RENEW = "claim", "mark", "release", "renew"
 _CONSUMING = "CONSUMING:"
 _CONSUMED = "CONSUMED:"
 
@@ -127,6 +145,7 @@ class RedisDedupStore(DedupStore):
             _CLAIM: client.register_script(CLAIM_SCRIPT),
             _MARK: client.register_script(MARK_CONSUMED_SCRIPT),
             _RELEASE: client.register_script(RELEASE_SCRIPT),
+            _RENEW: client.register_script(RENEW_SCRIPT),
         }
         self._coalescer = Coalescer(self._execute) if coalesce and not self._cluster else None
         self._set_nx_get = True  # until the server says it has no SET NX GET
@@ -170,6 +189,13 @@ class RedisDedupStore(DedupStore):
         keys = [self.record_key(e) for e in elements]
         reply = self._request(_RELEASE, 0, keys, [_CONSUMING + o for o in owners])
         return sum(int(r) for r in reply)
+
+    def do_renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]:
+        keys = [self.record_key(e) for e in elements]
+        reply = self._request(_RENEW, lease_ms, keys, [_CONSUMING + o for o in owners])
+        return [int(r) == 1 for r in reply]
 
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         return parse_status(to_text(self.client.get(self.record_key(element))))
