@@ -51,7 +51,7 @@ def round_trips(client: redis.Redis, fn: Any) -> int:
 def test_round_trips_per_message(counting_client: redis.Redis, app_name: str) -> None:
     """Case 6: a fresh message costs 2 round trips, a duplicate 1, a failure 2."""
     listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, counting_client))
-    listener(ClassicMessage("warm-up"))  # loads the scripts once
+    listener(ClassicMessage("warm-up"))  # opens the store's connection, loads the scripts
     assert round_trips(counting_client, lambda: listener(ClassicMessage("m1"))) == 2
     assert round_trips(counting_client, lambda: listener(ClassicMessage("m1"))) == 1
 
@@ -60,6 +60,7 @@ def test_round_trips_per_message(counting_client: redis.Redis, app_name: str) ->
             return False
 
     failing = Failing(DedupConfig.enable_dedup_consume_config(app_name, counting_client))
+    failing(ClassicMessage("warm-up-2"))  # opens the store's own connection
     assert round_trips(counting_client, lambda: failing(ClassicMessage("m2"))) == 2
 
 

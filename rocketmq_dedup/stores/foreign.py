@@ -19,7 +19,8 @@ def looks_like_store(obj: object) -> bool:
 class ForeignStore(DedupStore):
     """Forwards to an object with ``claim(element, owner, lease_ms) -> ClaimResult``,
     ``mark_consumed(element, owner, retention_ms)``, ``release(element, owner) -> bool`` and,
-    optionally, ``renew(element, owner, lease_ms) -> bool`` and ``get_status(element)``. Any exception it raises counts as a store failure."""
+    optionally, ``renew(element, owner, lease_ms) -> bool`` and ``get_status(element)``.
+    Any exception it raises counts as a store failure."""
 
     driver_errors = (Exception,)
 

@@ -15,7 +15,8 @@ threads are coalesced into shared round trips (see :mod:`rocketmq_dedup.stores.c
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import DedupConfigError, MissingExtraError, StoreError
 from rocketmq_dedup.message import DedupElement, escape_segment, to_text
@@ -149,6 +150,8 @@ class RedisDedupStore(DedupStore):
         }
         self._coalescer = Coalescer(self._execute) if coalesce and not self._cluster else None
         self._set_nx_get = True  # until the server says it has no SET NX GET
+        self._conn: Any = None  # the store's own connection, used under the coalescer
+        self._conn_pid = 0
 
     def record_key(self, element: DedupElement) -> bytes:
         """The Redis key of ``element``."""
@@ -203,106 +206,166 @@ class RedisDedupStore(DedupStore):
     # -- execution -----------------------------------------------------------------------
 
     def _request(self, kind: str, millis: int, keys: List[bytes], values: List[str]) -> Any:
-        """Run one script request (through the coalescer when enabled); returns its
-        per-key replies."""
-        if self._coalescer is None:
-            if self._cluster and len(keys) > 1:  # a script may only touch one slot
-                return [self._run_one(kind, millis, [k], [v])[0] for k, v in zip(keys, values)]
-            return self._run_one(kind, millis, keys, values)
-        request = self._coalescer.run(Request(kind, millis, keys, values))
+        """Run one request; return its per-key replies. With coalescing, concurrent threads'
+        requests share round trips on the store's own connection."""
+        request = Request(kind, millis, keys, values)
+        if self._coalescer is not None:
+            self._coalescer.run(request)
+        elif self._cluster:  # a script may only touch one slot: one command per key
+            parts = [Request(kind, millis, [k], [v]) for k, v in zip(keys, values)]
+            for part in parts:
+                self._execute([part])
+            request.error = next((p.error for p in parts if p.error is not None), None)
+            request.result = [p.result[0] for p in parts] if request.error is None else None
+        else:
+            self._execute([request])
         if request.error is not None:
             raise StoreError(
                 f"RedisDedupStore: {type(request.error).__name__}: {request.error}"
             ) from request.error
         return request.result
 
-    def _run_one(self, kind: str, millis: int, keys: List[bytes], values: List[str]) -> Any:
-        """One request in one round trip; single keys use plain commands where they can."""
-        if len(keys) == 1:
-            if kind == _MARK:  # a plain SET is the cheapest write
-                self.client.execute_command("SET", keys[0], values[0], "PX", millis)
-                return [1]
-            if kind == _CLAIM and self._set_nx_get:
-                return [self._claim_with_set(keys[0], values[0], millis)]
-        return self._evalsha(self._scripts[kind], keys, [millis, *values])
-
-    def _claim_with_set(self, key: bytes, value: str, millis: int) -> Any:
-        """``SET key value NX PX lease GET`` (Redis >= 7.0): the claim script's semantics in
-        one plain command. Falls back to the script for good on older servers."""
-        try:
-            current = self.client.execute_command(
-                "SET", key, value, "NX", "PX", millis, "GET", get=True
-            )
-        except redis.ResponseError as exc:
-            if "syntax" not in str(exc).lower():
-                raise
-            logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
-            self._set_nx_get = False
-            return self._evalsha(self._scripts[_CLAIM], [key], [millis, value])[0]
-        if current is None or to_text(current) == value:
-            return 1
-        return current
-
-    def _evalsha(self, script: Any, keys: List[bytes], args: List[Any]) -> Any:
-        try:
-            return self.client.evalsha(script.sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
-            script.sha = self.client.script_load(script.script)
-            return self.client.evalsha(script.sha, len(keys), *keys, *args)
-
     def _execute(self, batch: List[Request]) -> None:
-        """The coalescer's executor: one round trip for the whole batch."""
+        """Run a batch of requests in one round trip; set each one's result or error. Every
+        command is safe to run twice, so a batch is rerun once after the server lost its
+        scripts or turned out to lack ``SET NX GET``. Never raises."""
         try:
-            if len(batch) == 1:
-                only = batch[0]
-                only.result = self._run_one(
-                    only.kind, only.millis, list(only.keys), list(only.values)
-                )
-                return
-            groups: Dict[Tuple[str, int], List[Request]] = {}
-            for request in batch:
-                groups.setdefault((request.kind, request.millis), []).append(request)
-            calls = []
-            for (kind, millis), members in groups.items():
-                keys = [k for r in members for k in r.keys]
-                values = [v for r in members for v in r.values]
-                calls.append((kind, millis, keys, values, members))
-            if len(calls) == 1:
-                kind, millis, keys, values, _ = calls[0]
-                replies = [self._evalsha(self._scripts[kind], keys, [millis, *values])]
-            else:
-                replies = self._pipeline(calls)
-            for (_, _, _, _, members), reply in zip(calls, replies):
-                offset = 0
-                for request in members:
-                    n = len(request.keys)
-                    request.result = (
-                        reply[offset : offset + n] if isinstance(reply, list) else reply
-                    )
-                    offset += n
+            for attempt in (1, 2):
+                calls = self._calls(batch)
+                replies = self._send([call.command for call in calls])
+                errors = [r for r in replies if isinstance(r, redis.ResponseError)]
+                if not errors:
+                    break
+                if attempt == 2 or not self._recover(errors):
+                    raise errors[0]
+            for call, reply in zip(calls, replies):
+                call.deliver(reply)
         except Exception as exc:
             for request in batch:
                 request.error = exc
 
-    def _pipeline(self, calls: List[Tuple[str, int, List[bytes], List[str], Any]]) -> List[Any]:
-        """Run several script calls in one pipelined round trip (reloading the scripts once if
-        the server lost them; every script is safe to run twice)."""
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            for kind, millis, keys, values, _ in calls:
-                pipe.execute_command(
-                    "EVALSHA", self._scripts[kind].sha, len(keys), *keys, millis, *values
-                )
-            replies = pipe.execute(raise_on_error=False)
-            missing = [r for r in replies if isinstance(r, redis.exceptions.NoScriptError)]
-            if not missing or attempt == 2:
-                break
+    def _calls(self, batch: List[Request]) -> List[_Call]:
+        """One command per (kind, millis) group: a plain SET for a lone single-key claim or
+        mark, else one script call over all the group's keys."""
+        groups: Dict[Tuple[str, int], List[Request]] = {}
+        for request in batch:
+            groups.setdefault((request.kind, request.millis), []).append(request)
+        calls = []
+        for (kind, millis), members in groups.items():
+            if len(members) == 1 and len(members[0].keys) == 1:
+                key, value = members[0].keys[0], members[0].values[0]
+                if kind == _MARK:
+                    calls.append(_Call(("SET", key, value, "PX", millis), members, _OK))
+                    continue
+                if kind == _CLAIM and self._set_nx_get:
+                    command = ("SET", key, value, "NX", "PX", millis, "GET")
+                    calls.append(_Call(command, members, _set_get_reply(value)))
+                    continue
+            keys = [k for r in members for k in r.keys]
+            values = [v for r in members for v in r.values]
+            sha = self._scripts[kind].sha
+            calls.append(_Call(("EVALSHA", sha, len(keys), *keys, millis, *values), members))
+        return calls
+
+    def _recover(self, errors: List[redis.ResponseError]) -> bool:
+        """Fix what an error reply says is missing; False if it is not recoverable."""
+        text = " ".join(str(e) for e in errors)
+        if "NOSCRIPT" in text or any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
             for script in self._scripts.values():
                 script.sha = self.client.script_load(script.script)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return list(replies)
+            return True
+        if self._set_nx_get and "syntax" in text.lower():
+            logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
+            self._set_nx_get = False
+            return True
+        return False
+
+    def _send(self, commands: List[Tuple[Any, ...]]) -> List[Any]:
+        """Send commands in one round trip; error replies come back as ResponseError values.
+
+        Under the coalescer only one thread at a time sends, so the store uses a connection of
+        its own, outside the client's pool; otherwise it goes through the client."""
+        if self._coalescer is None:
+            if len(commands) == 1:
+                try:
+                    return [self.client.execute_command(*commands[0], **_RAW)]
+                except redis.ResponseError as exc:
+                    return [exc]
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command, **_RAW)
+            return list(pipe.execute(raise_on_error=False))
+        for attempt in (1, 2):
+            conn = self._own_connection()
+            try:
+                conn.send_packed_command(conn.pack_commands(commands))
+                replies: List[Any] = []
+                for _ in commands:
+                    try:
+                        replies.append(conn.read_response())
+                    except redis.ResponseError as exc:
+                        replies.append(exc)
+                return replies
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                conn.disconnect()
+                self._conn = None
+                if attempt == 2:
+                    raise
+                logger.warning("Redis connection lost; reconnecting")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _own_connection(self) -> Any:
+        if self._conn is None or self._conn_pid != os.getpid():
+            pool = self.client.connection_pool
+            self._conn = pool.connection_class(**pool.connection_kwargs)
+            self._conn_pid = os.getpid()
+        return self._conn
+
+    def close(self) -> None:
+        """Close the store's own connection (never the user's client)."""
+        if self._conn is not None and self._conn_pid == os.getpid():
+            self._conn.disconnect()
+        self._conn = None
+
+
+_RAW = {"get": True}  # response-callback options: keep SET ... GET replies as they are
+
+
+class _Call:
+    """One command of a round trip and how its reply is split among its requests."""
+
+    __slots__ = ("command", "convert", "members")
+
+    def __init__(
+        self,
+        command: Tuple[Any, ...],
+        members: List[Request],
+        convert: Optional[Callable[[Any], List[Any]]] = None,
+    ) -> None:
+        self.command = command
+        self.members = members
+        self.convert = convert
+
+    def deliver(self, reply: Any) -> None:
+        replies = self.convert(reply) if self.convert is not None else reply
+        offset = 0
+        for request in self.members:
+            n = len(request.keys)
+            request.result = replies[offset : offset + n]
+            offset += n
+
+
+def _OK(reply: Any) -> List[Any]:
+    return [1]
+
+
+def _set_get_reply(value: str) -> Callable[[Any], List[Any]]:
+    """SET NX GET answers nil when it set the key; our own value means a repeated claim."""
+
+    def convert(reply: Any) -> List[Any]:
+        return [1 if reply is None or to_text(reply) == value else reply]
+
+    return convert
 
 
 def _claim_result(reply: Any) -> ClaimResult:
