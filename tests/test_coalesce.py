@@ -101,3 +101,55 @@ def test_mixed_batch_after_script_flush(redis_client: redis.Redis, app_name: str
 def test_coalescing_can_be_disabled(redis_client: redis.Redis) -> None:
     """coalesce=False sends every request itself."""
     assert RedisDedupStore(redis_client, coalesce=False)._coalescer is None
+
+
+def test_concurrent_threads_share_round_trips(redis_client: redis.Redis, app_name: str) -> None:
+    """8 threads x 200 fresh messages through one listener: every message handled once, no
+    store error, and fewer round trips than messages x 2."""
+    import logging
+
+    from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
+    from tests.support import ClassicMessage
+
+    class Ok(DedupConcurrentListener):
+        def do_handle_msg(self, msg: Any) -> bool:
+            return True
+
+    store = RedisDedupStore(redis_client)
+    batches: List[int] = []
+    execute = store._execute
+
+    def counting(batch: List[Request]) -> None:
+        batches.append(len(batch))
+        execute(batch)
+
+    store._coalescer = Coalescer(counting)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    errors: List[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: errors.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("rocketmq_dedup").addHandler(handler)
+    try:
+        barrier = threading.Barrier(8)
+
+        def work(t: int) -> None:
+            barrier.wait(10)
+            for i in range(200):
+                assert listener(ClassicMessage(f"{t}-{i}")) is ConsumeStatus.CONSUME_SUCCESS
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        logging.getLogger("rocketmq_dedup").removeHandler(handler)
+    assert [e for e in errors if "failed" in e or "could not" in e] == []
+    assert sum(batches) == 8 * 200 * 2  # one claim and one mark per message
+    assert len(batches) < 8 * 200 * 2  # some round trips were shared
+    assert all(
+        store.get_status(DedupElement(app_name, "TEST-TOPIC", "TagA", f"{t}-{i}"))
+        is DedupStatus.CONSUMED
+        for t in range(8)
+        for i in range(0, 200, 37)
+    )

@@ -60,12 +60,14 @@ return result
 # KEYS[i]: the record key of element i
 # ARGV[1]: the retention, in milliseconds
 # ARGV[i + 1]: the value of element i ("CONSUMED:<owner token>")
-# Sets every key to CONSUMED, whoever held it: a success is always recorded.
+# Sets every key to CONSUMED, whoever held it: a success is always recorded. Returns 1 per key.
 MARK_CONSUMED_SCRIPT = """
+local result = {}
 for i, key in ipairs(KEYS) do
   redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[1])
+  result[i] = 1
 end
-return #KEYS
+return result
 """
 
 # KEYS[i]: the record key of element i
