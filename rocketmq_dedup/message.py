@@ -11,6 +11,7 @@ Supported message shapes:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any, NamedTuple, Optional, Union
 
@@ -98,6 +99,12 @@ class DedupElement(NamedTuple):
             h.update(len(data).to_bytes(8, "big"))
             h.update(data)
         return h.digest()
+
+
+@functools.lru_cache(maxsize=256)
+def element_digest(element: DedupElement) -> bytes:
+    """``element.digest()``, cached: a message's claim and its mark need the same digest."""
+    return element.digest()
 
 
 _ESCAPES = {ord("%"): "%25", ord(":"): "%3A", ord("{"): "%7B", ord("}"): "%7D"}

@@ -6,8 +6,10 @@ or PyMySQL).
   binary (case-sensitive). The readable columns keep the first 255 characters for operators.
 * Time: leases and retention are computed from the database server's clock (the session time
   zone is set to UTC so epoch conversions are exact), never the client's.
-* Claims are one ``INSERT ... ON DUPLICATE KEY UPDATE`` that inserts a fresh record or takes
-  over an expired one in the same statement; a duplicate costs one more ``SELECT``.
+* A fresh claim is one ``INSERT IGNORE``; a duplicate costs one more ``SELECT``; an expired
+  record is taken over by one ``INSERT ... ON DUPLICATE KEY UPDATE`` that only overwrites
+  a row whose lease or retention has passed (checked in the same statement). Marking CONSUMED
+  is one ``UPDATE`` of the claimed row.
 * ``purge_expired()`` deletes expired rows in batches through the ``expire_time`` index.
 * Connections: one per thread, opened from the zero-argument ``connect`` callable, autocommit;
   a lost connection (server restart) is reopened and the statement retried once. Every
@@ -22,7 +24,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from rocketmq_dedup.errors import DedupConfigError
-from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
     CLAIMED,
@@ -72,6 +74,9 @@ ON DUPLICATE KEY UPDATE
   owner_token = IF(expire_time <= {NOW_MS}, VALUES(owner_token), owner_token),
   expire_time = IF(expire_time <= {NOW_MS}, VALUES(expire_time), expire_time)"""
 
+# Claims fresh elements only: rows that exist (live or expired) are skipped, not touched.
+INSERT_CLAIM_SQL = f"INSERT IGNORE INTO {{table}} ({_COLUMNS}) VALUES {{rows}}"
+
 CLAIM_ROW = f"(%s, %s, %s, %s, %s, 'CONSUMING', %s, {NOW_MS} + %s)"
 
 # A success is always recorded, whoever holds the row now.
@@ -88,6 +93,10 @@ SELECT_SQL = (
 )
 RELEASE_SQL = (
     "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
+)
+MARK_SQL = (
+    f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, "
+    f"expire_time = {NOW_MS} + %s WHERE dedup_key = %s"
 )
 RENEW_SQL = (
     f"UPDATE {{table}} SET expire_time = {NOW_MS} + %s "
@@ -143,33 +152,37 @@ class MySQLDedupStore(DedupStore):
             "release": RELEASE_SQL.format(table=table),
             "purge": PURGE_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
+            "mark": MARK_SQL.format(table=table),
             "schema": schema_sql(table_name),
         }
         self._table = table
+        # the single-element statements, formatted once: (first attempt, takeover)
+        self._claim_sql = (
+            {1: INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)},
+            {1: CLAIM_SQL.format(table=table, rows=CLAIM_ROW)},
+        )
         self._local = threading.local()
         self._all_connections: List[Any] = []
         self._conn_lock = threading.Lock()
 
     # -- connections ---------------------------------------------------------------------
 
-    def _connection(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
+    def _cursor(self) -> Any:
+        """This thread's cursor (on its own connection, opened on first use)."""
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
             conn = self._connect()
             conn.autocommit(True)
             cur = conn.cursor()
-            try:
-                cur.execute("SET time_zone = '+00:00'")
-            finally:
-                cur.close()
-            self._local.conn = conn
+            cur.execute("SET time_zone = '+00:00'")
+            self._local.conn, self._local.cur = conn, cur
             with self._conn_lock:
                 self._all_connections.append(conn)
-        return conn
+        return cur
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)
-        self._local.conn = None
+        self._local.conn = self._local.cur = None
         if conn is not None:
             with self._conn_lock:
                 if conn in self._all_connections:
@@ -184,12 +197,9 @@ class MySQLDedupStore(DedupStore):
         connection was lost. Returns the rows when ``fetch`` else the rowcount."""
         for attempt in (1, 2):
             try:
-                cur = self._connection().cursor()
-                try:
-                    cur.execute(sql, tuple(params))
-                    return cur.fetchall() if fetch else cur.rowcount
-                finally:
-                    cur.close()
+                cur = self._cursor()
+                cur.execute(sql, params)
+                return cur.fetchall() if fetch else cur.rowcount
             except Exception as exc:
                 if attempt == 2 or type(exc).__name__ not in _RETRYABLE_ERRORS:
                     raise
@@ -236,16 +246,21 @@ class MySQLDedupStore(DedupStore):
     def do_claim_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
     ) -> List[ClaimResult]:
-        digests = [e.digest() for e in elements]
+        digests = [element_digest(e) for e in elements]
         results: Dict[int, ClaimResult] = {}
         pending = list(range(len(elements)))
-        for _ in range(_CLAIM_ATTEMPTS):
-            # A stable key order keeps concurrent multi-row upserts from deadlocking.
+        for attempt in range(_CLAIM_ATTEMPTS):
+            # A stable key order keeps concurrent multi-row writes from deadlocking.
             pending.sort(key=lambda i: digests[i])
             params: List[Any] = []
             for i in pending:
                 params += self._row(elements[i], digests[i], owners[i], lease_ms)
-            sql = CLAIM_SQL.format(table=self._table, rows=", ".join([CLAIM_ROW] * len(pending)))
+            # First a plain insert (the cheapest statement; a live record is left alone), then
+            # for records that were not live, the upsert that takes over an expired one.
+            template = INSERT_CLAIM_SQL if attempt == 0 else CLAIM_SQL
+            sql = self._claim_sql[attempt > 0].get(len(pending)) or template.format(
+                table=self._table, rows=", ".join([CLAIM_ROW] * len(pending))
+            )
             rowcount = self._execute(sql, params)
             if rowcount == len(pending):  # every row inserted (1 each; updates count 2)
                 for i in pending:
@@ -255,7 +270,7 @@ class MySQLDedupStore(DedupStore):
             vanished = []
             for i in pending:
                 row = rows.get(digests[i])
-                if row is None:  # released or purged since the upsert: claim again
+                if row is None:  # expired, or released since the insert: claim again
                     vanished.append(i)
                 elif row[2] == owners[i] and row[1] == DedupStatus.CONSUMING.value:
                     results[i] = CLAIMED
@@ -268,20 +283,26 @@ class MySQLDedupStore(DedupStore):
             results[i] = HELD_BY_OTHER
         return [results[i] for i in range(len(elements))]
 
+    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
+        digest = element_digest(element)
+        # The row is normally still ours: one UPDATE. If it vanished, the upsert recreates it.
+        if not self._execute(self._sql["mark"], (owner, retention_ms, digest)):
+            self.do_mark_consumed_many([element], [owner], retention_ms)
+
     def do_mark_consumed_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
     ) -> None:
         params: List[Any] = []
-        order = sorted(range(len(elements)), key=lambda i: elements[i].digest())
+        order = sorted(range(len(elements)), key=lambda i: element_digest(elements[i]))
         for i in order:
-            params += self._row(elements[i], elements[i].digest(), owners[i], retention_ms)
+            params += self._row(elements[i], element_digest(elements[i]), owners[i], retention_ms)
         sql = MARK_CONSUMED_SQL.format(
             table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(elements))
         )
         self._execute(sql, params)
 
     def do_release(self, element: DedupElement, owner: str) -> bool:
-        return int(self._execute(self._sql["release"], (element.digest(), owner))) == 1
+        return int(self._execute(self._sql["release"], (element_digest(element), owner))) == 1
 
     def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
         return sum(self.do_release(e, o) for e, o in zip(elements, owners))
@@ -291,9 +312,10 @@ class MySQLDedupStore(DedupStore):
     ) -> List[bool]:
         sql = self._sql["renew"]
         return [
-            int(self._execute(sql, (lease_ms, e.digest(), o))) > 0 for e, o in zip(elements, owners)
+            int(self._execute(sql, (lease_ms, element_digest(e), o))) > 0
+            for e, o in zip(elements, owners)
         ]
 
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
-        row = self._select([element.digest()]).get(element.digest())
+        row = self._select([element_digest(element)]).get(element_digest(element))
         return parse_status(row[1]) if row is not None else None

@@ -143,6 +143,7 @@ class RedisDedupStore(DedupStore):
         self.client = client
         self.key_prefix = key_prefix
         self._prefix = escape_segment(key_prefix) + ":"
+        self._heads: Dict[Tuple[str, str, str], bytes] = {}
         self._cluster = RedisCluster is not None and isinstance(client, RedisCluster)
         self._scripts = {
             _CLAIM: client.register_script(CLAIM_SCRIPT),
@@ -158,11 +159,15 @@ class RedisDedupStore(DedupStore):
     def record_key(self, element: DedupElement) -> bytes:
         """The Redis key of ``element``."""
         app, topic, tag, key = element
-        text = (
-            f"{self._prefix}{escape_segment(app)}:{escape_segment(topic)}:"
-            f"{escape_segment(tag)}:{escape_segment(key)}"
-        )
-        return text.encode("utf-8", "surrogateescape")
+        head = self._heads.get((app, topic, tag))
+        if head is None:
+            if len(self._heads) > 1024:  # a bounded cache of the escaped key heads
+                self._heads.clear()
+            head = self._heads[app, topic, tag] = (
+                f"{self._prefix}{escape_segment(app)}:{escape_segment(topic)}:"
+                f"{escape_segment(tag)}:"
+            ).encode("utf-8", "surrogateescape")
+        return head + escape_segment(key).encode("utf-8", "surrogateescape")
 
     # -- I/O hooks -----------------------------------------------------------------------
 
@@ -300,7 +305,7 @@ class RedisDedupStore(DedupStore):
         for attempt in (1, 2):
             conn = self._own_connection()
             try:
-                conn.send_packed_command(conn.pack_commands(commands))
+                conn.send_packed_command([pack_commands(commands)])
                 replies: List[Any] = []
                 for _ in commands:
                     try:
@@ -328,6 +333,21 @@ class RedisDedupStore(DedupStore):
         if self._conn is not None and self._conn_pid == os.getpid():
             self._conn.disconnect()
         self._conn = None
+
+
+def pack_commands(commands: List[Tuple[Any, ...]]) -> bytes:
+    """RESP-encode commands whose arguments are bytes, str or int (a lean version of
+    redis-py's packer for the store's own hot path)."""
+    out = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            if isinstance(arg, str):
+                arg = arg.encode("utf-8", "surrogateescape")
+            elif isinstance(arg, int):
+                arg = b"%d" % arg
+            out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
 
 
 _RAW = {"get": True}  # response-callback options: keep SET ... GET replies as they are
