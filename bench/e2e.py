@@ -32,6 +32,9 @@ PAYLOAD_BODY = b'{"order": 1}'
 HANDSHAKE_TIMEOUT_S = 60.0
 PROBE_INTERVAL_S = 1.0
 DRAIN_TIMEOUT_S = 120.0
+# Both e2e cases run the same consumer: 8 callback threads (the classic client's default is
+# one per core; production consumers of I/O-bound handlers run more, Java's default is 20).
+CONSUMER_THREADS = 8
 
 
 class E2ECase(Case):
@@ -67,6 +70,7 @@ class E2ECase(Case):
 
         consumer = PushConsumer(group)
         consumer.set_namesrv_addr(self.ctx.servers.namesrv_addr)
+        consumer.set_thread_count(CONSUMER_THREADS)
         consumer.subscribe(TOPIC, self.callback, self.tag)
         consumer.start()
         return consumer

@@ -4,7 +4,7 @@ both the same way. Exactly one of the clients is installed in an environment."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 NAMESRV = "127.0.0.1:9876"
 PROXY = "127.0.0.1:8081"
@@ -39,7 +39,15 @@ class Producer:
             self._producer = GrpcProducer(ClientConfiguration(PROXY, Credentials()), topics)
             self._producer.startup()
 
-    def send(self, topic: str, body: bytes, props: Dict[str, str], tag: str = "TagA") -> str:
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        props: Dict[str, str],
+        tag: str = "TagA",
+        sharding_key: Optional[str] = None,
+    ) -> str:
+        """Send one message; with ``sharding_key`` (classic client) as an orderly message."""
         if self.client == "classic":
             from rocketmq.client import Message
 
@@ -48,7 +56,11 @@ class Producer:
             msg.set_body(body)
             for name, value in props.items():
                 msg.set_property(name, value)
-            return str(self._producer.send_sync(msg).msg_id)
+            if sharding_key is not None:
+                result = self._producer.send_orderly_with_sharding_key(msg, sharding_key)
+            else:
+                result = self._producer.send_sync(msg)
+            return str(result.msg_id)
         from rocketmq import Message as GrpcMessage
 
         gmsg = GrpcMessage()
@@ -60,22 +72,20 @@ class Producer:
         return str(self._producer.send(gmsg).message_id)
 
     def close(self) -> None:
-        if self.client == "classic":
-            self._producer.shutdown()
-        else:
-            self._producer.shutdown()
+        self._producer.shutdown()
 
 
 def start_push_consumer(
-    client: str, group: str, topic: str, listener: Any, threads: int = 4
+    client: str, group: str, topic: str, listener: Any, threads: int = 4, orderly: bool = False
 ) -> Callable[[], None]:
-    """Start a push consumer feeding ``listener``; return its shutdown function."""
+    """Start a push consumer feeding ``listener`` (``orderly``: the classic client's orderly
+    consumer); return its shutdown function."""
     if client == "classic":
         from rocketmq.client import PushConsumer
 
         from rocketmq_dedup.adapters.classic import set_name_server
 
-        consumer = PushConsumer(group)
+        consumer = PushConsumer(group, orderly=orderly)
         set_name_server(consumer, NAMESRV)
         consumer.set_thread_count(threads)
         consumer.set_message_batch_max_size(1)

@@ -340,7 +340,7 @@ start_java() { # name xms xmx mainclass logback args...
   local name="$1" xms="$2" xmx="$3" main="$4" logback="$5"
   shift 5
   ROCKETMQ_HOME="$STATE/home" nohup "$JAVA" -server "-Xms$xms" "-Xmx$xmx" -Xss512k \
-    -XX:+UseSerialGC -XX:MaxDirectMemorySize=256m \
+    -XX:+UseSerialGC -XX:MaxDirectMemorySize=1g \
     -XX:-OmitStackTraceInFastThrow "${JAVA_OPENS[@]}" \
     -Djava.net.preferIPv4Stack=true \
     -Duser.home="$STATE" -Drocketmq.home.dir="$STATE/home" -Drmq.proxy.home="$STATE/home" \

@@ -66,3 +66,10 @@ def producer(client: str, broker: None, channels: List[Tuple[str, str]]) -> Iter
     p = Producer(client, tuple(t for t, _ in channels))
     yield p
     p.close()
+
+
+def pytest_ignore_collect(collection_path, config):  # type: ignore[no-untyped-def]
+    """The orderly-consumer tests exist for the classic client only."""
+    if collection_path.name == "test_e2e_classic_orderly.py":
+        return installed_client() != "classic"
+    return None

@@ -85,6 +85,7 @@ class E2EListener(DedupConcurrentListener):
         self.settings = settings
         self.recorder = recorder
         self._handled = threading.local()
+        self._failed_once: set = set()  # message ids whose first attempt already failed
 
     def dedup_message_key(self, msg: Any) -> Optional[str]:
         return get_property(msg, BIZ_KEY)
@@ -92,12 +93,15 @@ class E2EListener(DedupConcurrentListener):
     def do_handle_msg(self, msg: Any) -> bool:
         self._handled.value = True
         key = get_property(msg, BIZ_KEY) or ""
-        first = reconsume_times(msg) == 0
+        msg_id = message_id(msg)
+        first = msg_id not in self._failed_once  # (orderly retries keep reconsume_times 0)
         self.recorder.effect(key, "start")
         time.sleep(self.settings.get("slow", {}).get(key, self.settings["handler_ms"]) / 1000)
         if first and key in self.settings.get("fail_first", ()):
+            self._failed_once.add(msg_id)
             return False
         if first and key in self.settings.get("raise_first", ()):
+            self._failed_once.add(msg_id)
             raise RuntimeError(f"business failure on the first attempt of {key}")
         self.recorder.effect(key, "done")
         return True
@@ -125,7 +129,12 @@ def main() -> None:
     )
     listener = E2EListener(config, settings, Recorder(settings["run_id"]))
     stop = start_push_consumer(
-        settings["client"], settings["group"], settings["topic"], listener, settings["threads"]
+        settings["client"],
+        settings["group"],
+        settings["topic"],
+        listener,
+        settings["threads"],
+        orderly=settings.get("orderly", False),
     )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -90,8 +90,9 @@ class Run:
         self.topic = topic
         self.sent: List[str] = []
 
-    def send(self, key: str, body: bytes = b"payload") -> str:
-        msg_id = self.producer.send(self.topic, body, {BIZ_KEY: key, "run_id": self.run_id})
+    def send(self, key: str, body: bytes = b"payload", sharding_key: Optional[str] = None) -> str:
+        props = {BIZ_KEY: key, "run_id": self.run_id}
+        msg_id = self.producer.send(self.topic, body, props, sharding_key=sharding_key)
         self.sent.append(msg_id)
         return msg_id
 
