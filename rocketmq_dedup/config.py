@@ -144,21 +144,20 @@ class DedupConfig:
         if not self.persist.supports_renewal:
             return None
         keeper = self._keeper
-        if (
-            keeper is None
-            or keeper.lease_ms != self.lease_ms
-            or keeper.max_processing_ms != self.max_processing_ms
-        ):
+        if not self._keeper_fits(keeper):
             with self._keeper_lock:
                 keeper = self._keeper
-                if (
-                    keeper is None
-                    or keeper.lease_ms != self.lease_ms
-                    or keeper.max_processing_ms != self.max_processing_ms
-                ):
+                if not self._keeper_fits(keeper):
                     keeper = LeaseKeeper(self.persist, self.lease_ms, self.max_processing_ms)
                     self._keeper = keeper
         return keeper
+
+    def _keeper_fits(self, keeper: Optional[LeaseKeeper]) -> bool:
+        return (
+            keeper is not None
+            and keeper.lease_ms == self.lease_ms
+            and keeper.max_processing_ms == self.max_processing_ms
+        )
 
     @property
     def store_failure_policy(self) -> StoreFailurePolicy:

@@ -145,6 +145,34 @@ class DedupStore(abc.ABC):
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]: ...
 
 
+class PerElementStore(DedupStore):
+    """A store whose batch hooks loop over its single-element hooks (memory, user stores):
+    implement ``do_claim``, ``do_mark_consumed`` and ``do_release``."""
+
+    @abc.abstractmethod
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult: ...
+
+    @abc.abstractmethod
+    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None: ...
+
+    @abc.abstractmethod
+    def do_release(self, element: DedupElement, owner: str) -> bool: ...
+
+    def do_claim_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[ClaimResult]:
+        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners)]
+
+    def do_mark_consumed_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
+    ) -> None:
+        for element, owner in zip(elements, owners):
+            self.do_mark_consumed(element, owner, retention_ms)
+
+    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
+        return sum(self.do_release(e, o) for e, o in zip(elements, owners))
+
+
 def parse_status(value: Optional[str]) -> Optional[DedupStatus]:
     """Map a stored status text (``CONSUMING``, ``CONSUMED``, optionally ``:owner``) to the enum."""
     if not value:

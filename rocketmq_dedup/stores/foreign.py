@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Sequence
 
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import DedupStatus
-from rocketmq_dedup.stores.base import ClaimResult, DedupStore
+from rocketmq_dedup.stores.base import ClaimResult, PerElementStore
 
 _REQUIRED = ("claim", "mark_consumed", "release")
 
@@ -16,7 +16,7 @@ def looks_like_store(obj: object) -> bool:
     return all(callable(getattr(obj, name, None)) for name in _REQUIRED)
 
 
-class ForeignStore(DedupStore):
+class ForeignStore(PerElementStore):
     """Forwards to an object with ``claim(element, owner, lease_ms) -> ClaimResult``,
     ``mark_consumed(element, owner, retention_ms)``, ``release(element, owner) -> bool`` and,
     optionally, ``renew(element, owner, lease_ms) -> bool`` and ``get_status(element)``.
@@ -37,25 +37,11 @@ class ForeignStore(DedupStore):
         claimed, status = self.target.claim(element, owner, lease_ms)
         return ClaimResult(bool(claimed), status)
 
-    def do_claim_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[ClaimResult]:
-        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners)]
-
     def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
         self.target.mark_consumed(element, owner, retention_ms)
 
-    def do_mark_consumed_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
-    ) -> None:
-        for element, owner in zip(elements, owners):
-            self.do_mark_consumed(element, owner, retention_ms)
-
     def do_release(self, element: DedupElement, owner: str) -> bool:
         return bool(self.target.release(element, owner))
-
-    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        return sum(self.do_release(e, o) for e, o in zip(elements, owners))
 
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         getter = getattr(self.target, "get_status", None)

@@ -13,13 +13,13 @@ from rocketmq_dedup.stores.base import (
     CLAIMED,
     HELD_BY_OTHER,
     ClaimResult,
-    DedupStore,
+    PerElementStore,
 )
 
 _Record = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
 
 
-class MemoryDedupStore(DedupStore):
+class MemoryDedupStore(PerElementStore):
     """Keeps records in a dict. Not shared between processes; records vanish on exit.
 
     :param clock: a monotonic clock in seconds; tests inject a fake one.
@@ -58,21 +58,10 @@ class MemoryDedupStore(DedupStore):
                 return CLAIMED
         return ALREADY_CONSUMED if record[0] is DedupStatus.CONSUMED else HELD_BY_OTHER
 
-    def do_claim_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[ClaimResult]:
-        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners)]
-
     def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
         expires = self._clock() + retention_ms / 1000
         with self._lock:
             self._records[element] = (DedupStatus.CONSUMED, owner, expires)
-
-    def do_mark_consumed_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
-    ) -> None:
-        for element, owner in zip(elements, owners):
-            self.do_mark_consumed(element, owner, retention_ms)
 
     def do_release(self, element: DedupElement, owner: str) -> bool:
         with self._lock:
@@ -81,9 +70,6 @@ class MemoryDedupStore(DedupStore):
                 del self._records[element]
                 return True
         return False
-
-    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        return sum(self.do_release(e, o) for e, o in zip(elements, owners))
 
     def do_renew_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
