@@ -28,6 +28,7 @@ from rocketmq_dedup import DedupConcurrentListener, DedupConfig
 from rocketmq_dedup.status import ConsumeStatus
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.stores.redis import RedisDedupStore
 
 OK = ConsumeStatus.CONSUME_SUCCESS
 BATCH_SIZE = 32
@@ -283,6 +284,19 @@ class RedisThreads8Fresh(LibraryRedisCase):
         return sum(failures)
 
 
+class RedisThreads8NoCoalesceFresh(RedisThreads8Fresh):
+    """``redis_threads8_fresh`` with the store's coalescing off (every thread sends its own
+    commands through the client's pool): shows what coalescing buys."""
+
+    name = "redis_threads8_nocoalesce_fresh"
+
+    def setup(self) -> None:
+        RedisCase.setup(self)
+        store = RedisDedupStore(self.client, key_prefix=LIBRARY_KEY_PREFIX, coalesce=False)
+        config = DedupConfig.enable_dedup_consume_config(self.app, store, **listener_options())
+        self.listener = BenchListener(config, self.handler)
+
+
 class NaiveRedisCase(RedisCase):
     """The Java algorithm with plain redis-py (see :mod:`bench.naive`)."""
 
@@ -461,6 +475,7 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     PowertoolsDup,
     RedisBatch32Fresh,
     RedisThreads8Fresh,
+    RedisThreads8NoCoalesceFresh,
     MySQLFresh,
     MySQLDup,
     MySQLNaiveFresh,

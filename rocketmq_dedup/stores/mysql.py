@@ -124,6 +124,8 @@ def _quote(table_name: str) -> str:
 
 
 def _readable(text: str) -> str:
+    if text.isascii():  # the common case: nothing to replace
+        return text[:READABLE_CHARS]
     return text[:READABLE_CHARS].encode("utf-8", "replace").decode("utf-8")
 
 
