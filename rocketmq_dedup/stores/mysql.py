@@ -158,11 +158,7 @@ class MySQLDedupStore(DedupStore):
             "schema": schema_sql(table_name),
         }
         self._table = table
-        # the single-element statements, formatted once: (first attempt, takeover)
-        self._claim_sql = (
-            {1: INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)},
-            {1: CLAIM_SQL.format(table=table, rows=CLAIM_ROW)},
-        )
+        self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
         self._local = threading.local()
         self._all_connections: List[Any] = []
         self._conn_lock = threading.Lock()
@@ -245,42 +241,73 @@ class MySQLDedupStore(DedupStore):
         sql = SELECT_SQL.format(table=self._table, marks=", ".join(["%s"] * len(digests)))
         return {bytes(row[0]): row for row in self._execute(sql, digests, fetch=True)}
 
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+        digest = element_digest(element)
+        row = self._row(element, digest, owner, lease_ms)
+        if self._execute(self._claim_one, row) == 1:  # inserted: the fresh message
+            return CLAIMED
+        return self._settle([element], [owner], [digest], lease_ms)[0]
+
     def do_claim_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
     ) -> List[ClaimResult]:
         digests = [element_digest(e) for e in elements]
+        everything = list(range(len(elements)))
+        # First a plain insert: the cheapest statement, and a live record is left alone.
+        if self._write(INSERT_CLAIM_SQL, elements, owners, digests, everything, lease_ms) == len(
+            elements
+        ):
+            return [CLAIMED] * len(elements)
+        return self._settle(elements, owners, digests, lease_ms)
+
+    def _write(
+        self,
+        template: str,
+        elements: Sequence[DedupElement],
+        owners: Sequence[str],
+        digests: Sequence[bytes],
+        indexes: List[int],
+        lease_ms: int,
+    ) -> int:
+        """One multi-row claim statement for ``indexes``; returns its rowcount."""
+        # A stable key order keeps concurrent multi-row writes from deadlocking.
+        indexes.sort(key=lambda i: digests[i])
+        params: List[Any] = []
+        for i in indexes:
+            params += self._row(elements[i], digests[i], owners[i], lease_ms)
+        sql = template.format(table=self._table, rows=", ".join([CLAIM_ROW] * len(indexes)))
+        return int(self._execute(sql, params))
+
+    def _settle(
+        self,
+        elements: Sequence[DedupElement],
+        owners: Sequence[str],
+        digests: Sequence[bytes],
+        lease_ms: int,
+    ) -> List[ClaimResult]:
+        """After the insert: read who holds each record; records that are not live (expired,
+        or released meanwhile) are taken over by the upsert, and read again."""
         results: Dict[int, ClaimResult] = {}
         pending = list(range(len(elements)))
         for attempt in range(_CLAIM_ATTEMPTS):
-            # A stable key order keeps concurrent multi-row writes from deadlocking.
-            pending.sort(key=lambda i: digests[i])
-            params: List[Any] = []
-            for i in pending:
-                params += self._row(elements[i], digests[i], owners[i], lease_ms)
-            # First a plain insert (the cheapest statement; a live record is left alone), then
-            # for records that were not live, the upsert that takes over an expired one.
-            template = INSERT_CLAIM_SQL if attempt == 0 else CLAIM_SQL
-            sql = self._claim_sql[attempt > 0].get(len(pending)) or template.format(
-                table=self._table, rows=", ".join([CLAIM_ROW] * len(pending))
-            )
-            rowcount = self._execute(sql, params)
-            if rowcount == len(pending):  # every row inserted (1 each; updates count 2)
-                for i in pending:
-                    results[i] = CLAIMED
-                return [results[i] for i in range(len(elements))]
             rows = self._select([digests[i] for i in pending])
             vanished = []
             for i in pending:
                 row = rows.get(digests[i])
-                if row is None:  # expired, or released since the insert: claim again
+                if row is None:
                     vanished.append(i)
                 elif row[2] == owners[i] and row[1] == DedupStatus.CONSUMING.value:
                     results[i] = CLAIMED
                 else:
                     results[i] = ClaimResult(False, parse_status(row[1]))
             pending = vanished
-            if not pending:
-                return [results[i] for i in range(len(elements))]
+            if not pending or attempt == _CLAIM_ATTEMPTS - 1:
+                break
+            if self._write(CLAIM_SQL, elements, owners, digests, pending, lease_ms) == len(pending):
+                for i in pending:  # every row inserted (1 each; a takeover counts 2)
+                    results[i] = CLAIMED
+                pending = []
+                break
         for i in pending:  # kept vanishing: leave it to a later retry
             results[i] = HELD_BY_OTHER
         return [results[i] for i in range(len(elements))]
