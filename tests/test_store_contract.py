@@ -173,3 +173,11 @@ def test_renew_extends_only_owned_claims(store: DedupStore, app_name: str) -> No
     wait_for(lambda: store.claim(other, "x", LEASE).claimed, timeout=10)  # not extended
     assert store.claim(mine, "x", LEASE) == HELD_BY_OTHER  # extended past SHORT
     assert store.get_status(done) is DedupStatus.CONSUMED
+
+
+def test_mark_consumed_without_a_record_records_it(store: DedupStore, app_name: str) -> None:
+    """A success is recorded even when its claim record is gone (expired or purged)."""
+    e = element(app_name)
+    store.mark_consumed(e, "o1", RETENTION)
+    assert store.get_status(e) is DedupStatus.CONSUMED
+    assert store.claim(e, "o2", LEASE) == ALREADY_CONSUMED

@@ -58,6 +58,8 @@ class DedupStore(abc.ABC):
         self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
     ) -> List[ClaimResult]:
         """Claim several elements at once (one result per element, same order)."""
+        if len(elements) == 1:  # stores have cheaper single-element paths
+            return [self._call(self.do_claim, elements[0], owners[0], lease_ms)]
         if not elements:
             return []
         return self._call(self.do_claim_many, elements, owners, lease_ms)
@@ -70,7 +72,9 @@ class DedupStore(abc.ABC):
         self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
     ) -> None:
         """Record several elements as CONSUMED at once."""
-        if elements:
+        if len(elements) == 1:
+            self._call(self.do_mark_consumed, elements[0], owners[0], retention_ms)
+        elif elements:
             self._call(self.do_mark_consumed_many, elements, owners, retention_ms)
 
     def release(self, element: DedupElement, owner: str) -> bool:
@@ -79,6 +83,8 @@ class DedupStore(abc.ABC):
 
     def release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
         """Release several claims; return how many were still owned and got deleted."""
+        if len(elements) == 1:
+            return int(self._call(self.do_release, elements[0], owners[0]))
         if not elements:
             return 0
         return self._call(self.do_release_many, elements, owners)
