@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import threading
 
 import MySQLdb
 
 from rocketmq_dedup import DedupConfig, MySQLDedupStore
-from samples.rocketmq_clients import start_push_consumer
+from samples.rocketmq_clients import consume_until_interrupted
 from samples.sample_listener import TEST_TOPIC, SampleListener
 
 
@@ -39,11 +38,7 @@ def main() -> None:
     assert isinstance(config.persist, MySQLDedupStore)
     config.persist.create_table()
     listener = SampleListener(config)
-    stop = start_push_consumer("classic", args.group, TEST_TOPIC, listener)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        stop()
+    consume_until_interrupted("classic", args.group, TEST_TOPIC, listener)
 
 
 if __name__ == "__main__":

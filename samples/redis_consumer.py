@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import threading
 
 import redis
 
 from rocketmq_dedup import DedupConfig
-from samples.rocketmq_clients import start_push_consumer
+from samples.rocketmq_clients import consume_until_interrupted
 from samples.sample_listener import TEST_TOPIC, SampleListener
 
 
@@ -26,11 +25,7 @@ def main() -> None:
         "sample-app", redis.Redis.from_url(args.redis), dedup_processing_expire_milli_seconds=60_000
     )
     listener = SampleListener(config)  # keep a reference for as long as the consumer runs
-    stop = start_push_consumer("classic", args.group, TEST_TOPIC, listener)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        stop()
+    consume_until_interrupted("classic", args.group, TEST_TOPIC, listener)
 
 
 if __name__ == "__main__":

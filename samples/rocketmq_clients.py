@@ -4,6 +4,7 @@ both the same way. Exactly one of the clients is installed in an environment."""
 from __future__ import annotations
 
 import importlib.util
+import threading
 from typing import Any, Callable, Dict, Optional
 
 NAMESRV = "127.0.0.1:9876"
@@ -106,3 +107,12 @@ def start_push_consumer(
     )
     consumer.startup()
     return consumer.shutdown  # type: ignore[no-any-return]
+
+
+def consume_until_interrupted(client: str, group: str, topic: str, listener: Any) -> None:
+    """Run a push consumer feeding ``listener`` until Ctrl-C, then shut it down."""
+    stop = start_push_consumer(client, group, topic, listener)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        stop()
