@@ -137,7 +137,9 @@ class RedisDedupStore(DedupStore):
         if redis is None:
             raise MissingExtraError("redis", "redis")
         if not is_redis_client(client):
-            raise TypeError(f"expected redis.Redis or redis.RedisCluster, got {type(client)!r}")
+            raise DedupConfigError(
+                f"expected redis.Redis or redis.RedisCluster, got {type(client)!r}"
+            )
         if not isinstance(key_prefix, str) or not key_prefix:
             raise DedupConfigError(f"key_prefix must be a non-empty string; got {key_prefix!r}")
         self.client = client
