@@ -69,7 +69,9 @@ def producer(client: str, broker: None, channels: List[Tuple[str, str]]) -> Iter
 
 
 def pytest_ignore_collect(collection_path, config):  # type: ignore[no-untyped-def]
-    """The orderly-consumer tests exist for the classic client only."""
+    """Client-specific modules: the orderly consumer (classic), the SimpleConsumer (5.x)."""
     if collection_path.name == "test_e2e_classic_orderly.py":
         return installed_client() != "classic"
+    if collection_path.name == "test_e2e_grpc_simple.py":
+        return installed_client() != "grpc"
     return None
