@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Sequence
 class Request:
     """One caller's store request and, once run, its result or error."""
 
-    __slots__ = ("_wake", "args", "error", "keys", "kind", "lead", "millis", "result", "values")
+    __slots__ = ("_wake", "error", "keys", "kind", "lead", "millis", "result", "values")
 
     def __init__(self, kind: str, millis: int, keys: Sequence[bytes], values: Sequence[str]):
         self.kind = kind

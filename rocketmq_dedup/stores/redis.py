@@ -264,7 +264,7 @@ class RedisDedupStore(DedupStore):
             if len(members) == 1 and len(members[0].keys) == 1:
                 key, value = members[0].keys[0], members[0].values[0]
                 if kind == _MARK:
-                    calls.append(_Call(("SET", key, value, "PX", millis), members, _OK))
+                    calls.append(_Call(("SET", key, value, "PX", millis), members, _set_reply))
                     continue
                 if kind == _CLAIM and self._set_nx_get:
                     command = ("SET", key, value, "NX", "PX", millis, "GET")
@@ -379,7 +379,8 @@ class _Call:
             offset += n
 
 
-def _OK(reply: Any) -> List[Any]:
+def _set_reply(reply: Any) -> List[Any]:
+    """A plain SET answers OK: its one key was written."""
     return [1]
 
 
