@@ -87,10 +87,6 @@ class DedupStrategy:
     def __init__(self, config: Optional[DedupConfig]) -> None:
         self.config = config
 
-    @property
-    def enabled(self) -> bool:
-        return self.config is not None and self.config.enabled
-
     # -- single message ------------------------------------------------------------------
 
     def consume(self, msg: Any, key_function: KeyFunction, handler: Handler) -> ConsumeStatus:
