@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -52,7 +53,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         action="store_true",
         help="print the servers the selected cases need (redis mysql broker)",
     )
+    parser.add_argument(
+        "--cpu",
+        default="0",
+        metavar="N|all",
+        help="pin this process (and the consumers it starts) to CPU N (default 0), or 'all' "
+        "to leave it unpinned; see BENCHMARKS.md, 'Why one CPU'",
+    )
     args = parser.parse_args(argv)
+    if args.cpu != "all" and not args.cpu.isdigit():
+        parser.error("--cpu takes a CPU number or 'all'")
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
     return args
@@ -84,6 +94,21 @@ def check_servers(servers: Servers, services: Sequence[str]) -> dict[str, str]:
     return {name: checks[name]() for name in services}
 
 
+def pin_to_cpu(cpu: Optional[int]) -> Optional[list[int]]:
+    """Pin this process to ``cpu`` (None: leave it); return the CPUs it may run on (None where
+    the platform cannot tell)."""
+    if not hasattr(os, "sched_setaffinity"):
+        if cpu is not None:
+            log_stderr("warning: this platform cannot pin a process to a CPU; running unpinned")
+        return None
+    if cpu is not None:
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError as exc:
+            raise SystemExit(f"bench: error: cannot pin to CPU {cpu}: {exc}") from exc
+    return sorted(os.sched_getaffinity(0))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     classes = select_cases(args.cases, args.quick)
@@ -96,6 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reps = args.reps or (QUICK_REPS if args.quick else FULL_REPS)
     if reps < 3:
         log_stderr(f"warning: {reps} rep(s); the targets are defined on the median of >= 3")
+    pinned = pin_to_cpu(None if args.cpu == "all" else int(args.cpu))
     servers = Servers.from_env()
     try:
         versions = check_servers(servers, needed_services(classes))
@@ -118,6 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "quick": args.quick,
         "reps_per_case": reps,
         "seed": args.seed,
+        "cpu_affinity": pinned,
         "n": {c.name: c.n for c in cases},
     }
     document = to_json(results, environment(versions, options), evaluated)

@@ -32,6 +32,7 @@ PAYLOAD_BODY = b'{"order": 1}'
 HANDSHAKE_TIMEOUT_S = 60.0
 PROBE_INTERVAL_S = 1.0
 DRAIN_TIMEOUT_S = 120.0
+SHUTDOWN_TIMEOUT_S = 30.0
 # Both e2e cases run the same consumer: 8 callback threads (the classic client's default is
 # one per core; production consumers of I/O-bound handlers run more, Java's default is 20).
 CONSUMER_THREADS = 8
@@ -125,8 +126,16 @@ class E2ECase(Case):
 
     def cleanup(self) -> None:
         if self.consumer is not None:
-            self.consumer.shutdown()
-            self.consumer = None
+            consumer, self.consumer = self.consumer, None
+            # The C++ client's shutdown has been seen to hang after a failed repetition: give
+            # it a deadline rather than hang the whole run.
+            closer = threading.Thread(target=consumer.shutdown, daemon=True)
+            closer.start()
+            closer.join(SHUTDOWN_TIMEOUT_S)
+            if closer.is_alive():
+                raise BenchError(
+                    f"{self.name}: the consumer did not shut down in {SHUTDOWN_TIMEOUT_S:.0f}s"
+                )
 
     def close(self) -> None:
         super().close()

@@ -71,6 +71,9 @@ def run_cases(cases: list[Case], reps: int, seed: int, log: Log = log_stderr) ->
                 results[case.name].reps.append(rate)
                 log(f"  rep {rep + 1}/{reps}  {case.name:<22} {rate:>14,.0f} msg/s")
             log(f"rep {rep + 1}/{reps} done in {time.monotonic() - began:.1f}s")
+    except BaseException as exc:  # say what failed before closing, which may itself hang
+        log(f"error: {type(exc).__name__}: {exc}; closing the cases")
+        raise
     finally:
         close_all(reversed(started), log)
     return [results[case.name] for case in cases]

@@ -14,7 +14,8 @@ from rocketmq_dedup.stores.base import DedupStore
 from tests.support import REDIS_CLUSTER_URL, REDIS_URL, mysql_connect
 
 TEST_TABLE = "t_rocketmq_dedup_test"
-STORE_KINDS = ["memory", "redis", "redis_cluster", "mysql"]
+# "mysql" runs on mysqlclient (its connection API), "mysql_pymysql" on PyMySQL (DB-API cursors).
+STORE_KINDS = ["memory", "redis", "redis_cluster", "mysql", "mysql_pymysql"]
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +68,10 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
         return RedisDedupStore(request.getfixturevalue("redis_client"))
     if kind == "redis_cluster":
         return RedisDedupStore(request.getfixturevalue("redis_cluster_client"))
-    if kind == "mysql":
+    if kind in ("mysql", "mysql_pymysql"):
         table = request.getfixturevalue("mysql_table")
-        store = MySQLDedupStore(mysql_connect(), table)
+        driver = "pymysql" if kind == "mysql_pymysql" else "mysqlclient"
+        store = MySQLDedupStore(mysql_connect(driver), table)
         request.addfinalizer(store.close)
         return store
     raise ValueError(kind)
@@ -81,7 +83,7 @@ def store(request: pytest.FixtureRequest) -> DedupStore:
     return make_store(request.param, request)
 
 
-@pytest.fixture(params=[k for k in STORE_KINDS if k != "memory"])
+@pytest.fixture(params=[k for k in STORE_KINDS if k not in ("memory", "mysql_pymysql")])
 def shared_store_kind(request: pytest.FixtureRequest) -> str:
     """Store kinds shared between processes."""
     return str(request.param)

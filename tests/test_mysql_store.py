@@ -9,7 +9,13 @@ from typing import Any, List
 
 import pytest
 
-from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, DedupElement
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    DedupElement,
+    DedupStatus,
+)
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.support import ClassicMessage, mysql_connect, wait_for
 
@@ -133,6 +139,22 @@ def test_reconnects_after_server_restart(mysql_table: str, app_name: str) -> Non
     assert listener(ClassicMessage("after")) is ConsumeStatus.CONSUME_SUCCESS
     assert listener(ClassicMessage("before")) is ConsumeStatus.CONSUME_SUCCESS
     assert listener.handled == ["before", "after"]
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("driver", "runner"), [("mysqlclient", "_MySQLdbRunner"), ("pymysql", "_Runner")]
+)
+def test_statements_run_through_the_drivers_fastest_api(
+    mysql_table: str, app_name: str, driver: str, runner: str
+) -> None:
+    """mysqlclient connections skip the DB-API cursor; other drivers go through cursors."""
+    store = MySQLDedupStore(mysql_connect(driver), mysql_table)
+    element = DedupElement(app_name, "T", "tag", "k'\\%s")
+    assert store.claim(element, "o1", 5_000).claimed
+    assert type(store._runner()).__name__ == runner
+    assert store.get_status(element) is DedupStatus.CONSUMING
+    assert store.release(element, "o1")
     store.close()
 
 

@@ -13,13 +13,16 @@ or PyMySQL).
 * ``purge_expired()`` deletes expired rows in batches through the ``expire_time`` index.
 * Connections: one per thread, opened from the zero-argument ``connect`` callable, autocommit;
   a lost connection (server restart) is reopened and the statement retried once. Every
-  statement is idempotent for its owner token, so the retry is safe.
+  statement is idempotent for its owner token, so the retry is safe. On mysqlclient
+  connections statements run through its connection API (same escaping, no cursor
+  bookkeeping); other drivers go through DB-API cursors.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -165,28 +168,33 @@ class MySQLDedupStore(DedupStore):
 
     # -- connections ---------------------------------------------------------------------
 
-    def _cursor(self) -> Any:
-        """This thread's cursor (on its own connection, opened on first use)."""
-        cur = getattr(self._local, "cur", None)
-        if cur is None:
+    def _runner(self) -> _Runner:
+        """This thread's statement runner (on its own connection, opened on first use)."""
+        runner: Optional[_Runner] = getattr(self._local, "runner", None)
+        if runner is None:
             conn = self._connect()
             conn.autocommit(True)
             cur = conn.cursor()
             cur.execute("SET time_zone = '+00:00'")
-            self._local.conn, self._local.cur = conn, cur
+            if _is_mysqlclient(conn):
+                cur.close()
+                runner = _MySQLdbRunner(conn)
+            else:
+                runner = _Runner(conn, cur)
+            self._local.runner = runner
             with self._conn_lock:
                 self._all_connections.append(conn)
-        return cur
+        return runner
 
     def _drop_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = self._local.cur = None
-        if conn is not None:
+        runner: Optional[_Runner] = getattr(self._local, "runner", None)
+        self._local.runner = None
+        if runner is not None:
             with self._conn_lock:
-                if conn in self._all_connections:
-                    self._all_connections.remove(conn)
+                if runner.conn in self._all_connections:
+                    self._all_connections.remove(runner.conn)
             try:
-                conn.close()
+                runner.conn.close()
             except Exception:  # the connection is already broken
                 logger.debug("closing a broken MySQL connection failed", exc_info=True)
 
@@ -195,9 +203,7 @@ class MySQLDedupStore(DedupStore):
         connection was lost. Returns the rows when ``fetch`` else the rowcount."""
         for attempt in (1, 2):
             try:
-                cur = self._cursor()
-                cur.execute(sql, params)
-                return cur.fetchall() if fetch else cur.rowcount
+                return self._runner().run(sql, params, fetch)
             except Exception as exc:
                 if attempt == 2 or type(exc).__name__ not in _RETRYABLE_ERRORS:
                     raise
@@ -348,3 +354,50 @@ class MySQLDedupStore(DedupStore):
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         row = self._select([element_digest(element)]).get(element_digest(element))
         return parse_status(row[1]) if row is not None else None
+
+
+class _Runner:
+    """Runs statements on one connection: any DB-API driver, through a cursor."""
+
+    __slots__ = ("conn", "cursor")
+
+    def __init__(self, conn: Any, cursor: Any = None) -> None:
+        self.conn = conn
+        self.cursor = cursor
+
+    def run(self, sql: str, params: Sequence[Any], fetch: bool) -> Any:
+        """Execute ``sql`` (``%s`` placeholders); return the rows if ``fetch``, else the
+        number of affected rows."""
+        self.cursor.execute(sql, params)
+        return self.cursor.fetchall() if fetch else self.cursor.rowcount
+
+
+class _MySQLdbRunner(_Runner):
+    """mysqlclient's own connection API: the same escaping as its cursor (``literal``), without
+    the cursor's per-statement bookkeeping (about 10 us a statement, half the library's cost
+    per message on MySQL)."""
+
+    __slots__ = ("_templates",)
+
+    def __init__(self, conn: Any) -> None:
+        super().__init__(conn)
+        self._templates: Dict[str, bytes] = {}
+
+    def run(self, sql: str, params: Sequence[Any], fetch: bool) -> Any:
+        conn = self.conn
+        template = self._templates.get(sql)
+        if template is None:
+            template = sql.encode(conn.encoding)
+            if len(self._templates) < 256:  # multi-row statements vary with the batch size
+                self._templates[sql] = template
+        conn.query(template % tuple(map(conn.literal, params)))
+        if fetch:
+            result = conn.store_result()
+            return result.fetch_row(0) if result is not None else ()
+        return conn.affected_rows()
+
+
+def _is_mysqlclient(conn: Any) -> bool:
+    """True if ``conn`` is a mysqlclient (``MySQLdb``) connection; never imports it."""
+    module = sys.modules.get("MySQLdb.connections")
+    return module is not None and isinstance(conn, module.Connection)
