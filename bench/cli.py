@@ -20,6 +20,15 @@ ALL_CASES: tuple[type[Case], ...] = IN_PROCESS_CASES + E2E_CASES
 QUICK_REPS, FULL_REPS = 3, 5
 
 
+def cpu_choice(text: str) -> Optional[int]:
+    """``--cpu``: a CPU number, or None for "all" (leave the process unpinned)."""
+    if text == "all":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError("takes a CPU number or 'all'")
+    return int(text)
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -55,14 +64,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--cpu",
-        default="0",
+        type=cpu_choice,
+        default=0,
         metavar="N|all",
         help="pin this process (and the consumers it starts) to CPU N (default 0), or 'all' "
         "to leave it unpinned; see BENCHMARKS.md, 'Why one CPU'",
     )
     args = parser.parse_args(argv)
-    if args.cpu != "all" and not args.cpu.isdigit():
-        parser.error("--cpu takes a CPU number or 'all'")
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
     return args
@@ -121,7 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reps = args.reps or (QUICK_REPS if args.quick else FULL_REPS)
     if reps < 3:
         log_stderr(f"warning: {reps} rep(s); the targets are defined on the median of >= 3")
-    pinned = pin_to_cpu(None if args.cpu == "all" else int(args.cpu))
+    pinned = pin_to_cpu(args.cpu)
     servers = Servers.from_env()
     try:
         versions = check_servers(servers, needed_services(classes))

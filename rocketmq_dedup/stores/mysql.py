@@ -374,8 +374,8 @@ class _Runner:
 
 class _MySQLdbRunner(_Runner):
     """mysqlclient's own connection API: the same escaping as its cursor (``literal``), without
-    the cursor's per-statement bookkeeping (about 10 us a statement, half the library's cost
-    per message on MySQL)."""
+    the cursor's per-statement bookkeeping (measured: 27-32 us of client CPU a statement,
+    against 38-45 us through the cursor)."""
 
     __slots__ = ("_templates",)
 
