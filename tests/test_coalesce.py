@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, List
 
@@ -9,13 +10,43 @@ import pytest
 import redis
 
 from rocketmq_dedup import DedupElement, DedupStatus, StoreError
+from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.coalesce import Coalescer, Request
 from rocketmq_dedup.stores.redis import RedisDedupStore
 from tests.support import wait_for
 
+WAKERS = [coalesce._LockWaker]
+if hasattr(os, "eventfd"):
+    WAKERS.insert(0, coalesce._EventFdWaker)
+
+
+@pytest.fixture(params=WAKERS, ids=lambda w: w.__name__.strip("_"), autouse=True)
+def waker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every test runs with each way of waking a waiting thread (threads here are new, so
+    none holds a waker of the other kind)."""
+    monkeypatch.setattr(coalesce, "_new_waker", request.param)
+    return request.param
+
 
 def make_request(n: int = 1) -> Request:
     return Request("claim", 1000, [b"k%d" % i for i in range(n)], ["v"] * n)
+
+
+class Blocker:
+    """An ``execute`` whose first batch waits until ``release`` is set; every request of
+    every batch gets the result "done"."""
+
+    def __init__(self) -> None:
+        self.in_flight, self.release = threading.Event(), threading.Event()
+        self.batches: List[int] = []
+
+    def __call__(self, batch: List[Request]) -> None:
+        self.batches.append(len(batch))
+        if len(self.batches) == 1:
+            self.in_flight.set()
+            assert self.release.wait(10)
+        for r in batch:
+            r.result = "done"
 
 
 def test_lone_request_runs_at_once_in_its_own_batch() -> None:
@@ -35,21 +66,11 @@ def test_lone_request_runs_at_once_in_its_own_batch() -> None:
 
 def test_requests_arriving_during_a_round_trip_share_the_next_one() -> None:
     """While one batch is in flight, later requests queue and then run as one batch."""
-    in_flight, release = threading.Event(), threading.Event()
-    batches: List[int] = []
-
-    def execute(batch: List[Request]) -> None:
-        batches.append(len(batch))
-        if len(batches) == 1:
-            in_flight.set()
-            assert release.wait(10)
-        for r in batch:
-            r.result = "done"
-
+    execute = Blocker()
     coalescer = Coalescer(execute)
     first = threading.Thread(target=coalescer.run, args=(make_request(),))
     first.start()
-    assert in_flight.wait(10)
+    assert execute.in_flight.wait(10)
     results: List[Any] = []
     waiters = [
         threading.Thread(target=lambda: results.append(coalescer.run(make_request()).result))
@@ -58,11 +79,65 @@ def test_requests_arriving_during_a_round_trip_share_the_next_one() -> None:
     for t in waiters:
         t.start()
     wait_for(lambda: len(coalescer._pending) == 5)
-    release.set()
+    execute.release.set()
     for t in [first, *waiters]:
         t.join(10)
-    assert batches == [1, 5]
+    assert execute.batches == [1, 5]
     assert results == ["done"] * 5
+
+
+class Interrupted(Exception):
+    """Stands in for a KeyboardInterrupt raised while a caller waits."""
+
+
+@pytest.mark.parametrize("after_wake", [False, True], ids=["while-queued", "when-promoted"])
+def test_interrupted_waiter_is_withdrawn_and_never_stalls_the_others(
+    waker: Any, monkeypatch: pytest.MonkeyPatch, after_wake: bool
+) -> None:
+    """A caller whose wait raises gets the exception, its unsent request is withdrawn, and
+    the callers behind it are still served, even if it had just been promoted to lead."""
+
+    class InterruptedWaker(waker):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+        def wait(self) -> None:
+            if after_wake:
+                super().wait()
+            raise Interrupted
+
+    execute = Blocker()
+    coalescer = Coalescer(execute)
+    first = threading.Thread(target=coalescer.run, args=(make_request(),))
+    first.start()
+    assert execute.in_flight.wait(10)
+    outcome: List[Any] = []
+
+    def interrupted_caller() -> None:
+        coalesce._local.waker = InterruptedWaker()
+        try:
+            coalescer.run(make_request())
+        except Interrupted:
+            outcome.append("interrupted")
+        outcome.append(getattr(coalesce._local, "waker", None))
+
+    caller = threading.Thread(target=interrupted_caller)
+    caller.start()
+    if after_wake:  # queued first: it is the one promoted to lead the next round
+        wait_for(lambda: len(coalescer._pending) == 1)
+    else:
+        caller.join(10)
+        assert coalescer._pending == []
+    results: List[Any] = []
+    behind = threading.Thread(target=lambda: results.append(coalescer.run(make_request()).result))
+    behind.start()
+    wait_for(lambda: len(coalescer._pending) == (2 if after_wake else 1))
+    execute.release.set()
+    for t in (first, caller, behind):
+        t.join(10)
+    assert outcome == ["interrupted", None]  # and that thread drops its waker
+    assert results == ["done"]
+    assert execute.batches == [1, 1]  # the withdrawn request was never executed
+    assert coalescer.run(make_request()).result == "done"  # and the coalescer is idle again
 
 
 def test_errors_reach_every_request_of_the_batch(redis_client: redis.Redis) -> None:
