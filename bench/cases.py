@@ -26,6 +26,7 @@ from bench.settings import (
 )
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig
 from rocketmq_dedup.status import ConsumeStatus
+from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from rocketmq_dedup.stores.redis import RedisDedupStore
@@ -297,6 +298,21 @@ class RedisThreads8NoCoalesceFresh(RedisThreads8Fresh):
         self.listener = BenchListener(config, self.handler)
 
 
+class RedisThreads8LockWakeFresh(RedisThreads8Fresh):
+    """``redis_threads8_fresh`` with waiting threads woken through a ``threading.Lock`` (the
+    store's fallback off Linux) instead of an eventfd: shows what the eventfd buys."""
+
+    name = "redis_threads8_lockwake_fresh"
+
+    def run(self) -> int:
+        default = coalesce._new_waker  # the worker threads are new: they make their waker now
+        coalesce._new_waker = coalesce._LockWaker
+        try:
+            return super().run()
+        finally:
+            coalesce._new_waker = default
+
+
 class NaiveRedisCase(RedisCase):
     """The Java algorithm with plain redis-py (see :mod:`bench.naive`)."""
 
@@ -476,6 +492,7 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     RedisBatch32Fresh,
     RedisThreads8Fresh,
     RedisThreads8NoCoalesceFresh,
+    RedisThreads8LockWakeFresh,
     MySQLFresh,
     MySQLDup,
     MySQLNaiveFresh,

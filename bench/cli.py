@@ -17,7 +17,7 @@ from bench.runner import log_stderr, run_cases
 from bench.settings import BenchSetupError, Servers
 
 ALL_CASES: tuple[type[Case], ...] = IN_PROCESS_CASES + E2E_CASES
-QUICK_REPS, FULL_REPS = 3, 5
+QUICK_REPS, FULL_REPS = 5, 7
 
 
 def cpu_choice(text: str) -> Optional[int]:
