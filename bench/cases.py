@@ -299,8 +299,9 @@ class RedisThreads8NoCoalesceFresh(RedisThreads8Fresh):
 
 
 class RedisThreads8LockWakeFresh(RedisThreads8Fresh):
-    """``redis_threads8_fresh`` with waiting threads woken through a ``threading.Lock`` (the
-    store's fallback off Linux) instead of an eventfd: shows what the eventfd buys."""
+    """``redis_threads8_fresh`` with waiting threads woken through a ``threading.Lock`` (what
+    the store uses for threads not confined to one CPU) instead of an eventfd (what pinned
+    threads get): shows what the eventfd buys."""
 
     name = "redis_threads8_lockwake_fresh"
 

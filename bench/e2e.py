@@ -52,6 +52,7 @@ class E2ECase(Case):
         self.producer.set_namesrv_addr(self.ctx.servers.namesrv_addr)
         self.producer.start()
         self.consumer: Optional[Any] = None
+        self.gate = threading.Event()
 
     def prepare(self, rep: object) -> None:
         self.tag = f"Bench{self.ctx.run_id}{self.name.replace('_', '')}{rep}"
@@ -125,6 +126,7 @@ class E2ECase(Case):
         return self.finished_at - start
 
     def cleanup(self) -> None:
+        self.gate.set()  # callbacks held at the gate (a failed prepare) must drain first
         if self.consumer is not None:
             consumer, self.consumer = self.consumer, None
             # The C++ client's shutdown has been seen to hang after a failed repetition: give

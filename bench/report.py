@@ -97,11 +97,17 @@ def verdict(t: TargetResult) -> str:
 
 
 def format_table(results: list[CaseResult]) -> str:
-    lines = [f"{'case':<32} {'N':>9} {'msgs/s median':>14} {'min':>12} {'max':>12}  reps"]
+    lines = [
+        f"{'case':<32} {'N':>9} {'msgs/s median':>14} {'min':>12} {'max':>12}  reps"
+        f" {'cpu us/msg':>10} {'switches/msg':>12}"
+    ]
     for r in results:
+        costs = r.costs()
+        switches = costs["voluntary_switches_per_msg"] + costs["involuntary_switches_per_msg"]
         lines.append(
             f"{r.name:<32} {r.n:>9,} {r.median:>14,.0f} {min(r.reps):>12,.0f} "
-            f"{max(r.reps):>12,.0f}  {len(r.reps)}"
+            f"{max(r.reps):>12,.0f}  {len(r.reps):>4} {costs['cpu_us_per_msg']:>10.1f} "
+            f"{switches:>12.2f}"
         )
     return "\n".join(lines)
 
@@ -127,7 +133,9 @@ def to_json(
     results: list[CaseResult], env: dict[str, Any], evaluated: list[TargetResult]
 ) -> dict[str, Any]:
     return {
-        "cases": {r.name: {"msgs_per_s": r.median, "reps": r.reps, "n": r.n} for r in results},
+        "cases": {
+            r.name: {"msgs_per_s": r.median, "reps": r.reps, "n": r.n, **r.costs()} for r in results
+        },
         "ratios": ratios(results),
         "targets": [
             {

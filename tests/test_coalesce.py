@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, List
+from typing import Any, List, Set
 
 import pytest
 import redis
@@ -26,6 +26,24 @@ def waker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> An
     none holds a waker of the other kind)."""
     monkeypatch.setattr(coalesce, "_new_waker", request.param)
     return request.param
+
+
+def test_default_waker_is_an_eventfd_only_on_one_cpu() -> None:
+    """A thread confined to one CPU waits on an eventfd (GIL released on wake); a thread free
+    to run on several waits on a lock."""
+    kinds: List[str] = []
+    cpus = sorted(os.sched_getaffinity(0))
+
+    def probe(allowed: Set[int]) -> None:
+        os.sched_setaffinity(0, allowed)  # this thread only
+        kinds.append(type(coalesce._default_waker()).__name__)
+
+    for allowed in ({cpus[0]}, set(cpus)):
+        thread = threading.Thread(target=probe, args=(allowed,))
+        thread.start()
+        thread.join(10)
+    several = "_EventFdWaker" if len(cpus) == 1 else "_LockWaker"
+    assert kinds == ["_EventFdWaker", several]
 
 
 def make_request(n: int = 1) -> Request:

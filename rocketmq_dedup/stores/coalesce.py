@@ -7,11 +7,14 @@ never delayed); requests that arrive while that round trip is in flight queue up
 together, in one round trip, by one of their threads. Every caller still returns only after
 its own request was executed, so no guarantee is weakened.
 
-Waking a waiting thread is the coalescer's main cost. On Linux a thread waits on an eventfd of
-its own: writing to it releases the GIL, so the woken thread can take the GIL and run at once.
-A ``threading.Lock`` (the fallback elsewhere) is released while the waker holds the GIL, and a
-woken thread that preempts the waker bounces off the GIL and sleeps again: on the 2-vCPU test
-VM that costs about 1.5 extra context switches and ~6 us of CPU per message (BENCHMARKS.md).
+Waking a waiting thread is the coalescer's main cost, and how to wake one depends on where the
+threads run (measured on a 2-vCPU VM, BENCHMARKS.md). A thread confined to one CPU (a pinned
+consumer process) waits on an eventfd of its own: writing to it releases the GIL, so the woken
+thread takes the GIL and runs at once; with a ``threading.Lock`` instead, the woken thread
+preempts its waker, finds the GIL held, and sleeps again (about 2.7 more context switches and
+7 us more CPU per message with 8 threads). Threads free to use several CPUs wait on a lock:
+there, a woken thread that takes the GIL on another CPU while its waker still needs it made
+end-to-end consumers slower (0.40-0.59 of the no-dedup throughput against 0.55-0.73).
 """
 
 from __future__ import annotations
@@ -61,7 +64,14 @@ class _LockWaker:
         self.lock.acquire()
 
 
-_new_waker: Callable[[], _Waker] = _EventFdWaker if hasattr(os, "eventfd") else _LockWaker
+def _default_waker() -> _Waker:
+    """An eventfd waker if the calling thread may only run on one CPU (Linux), else a lock."""
+    if hasattr(os, "eventfd") and len(os.sched_getaffinity(0)) == 1:
+        return _EventFdWaker()
+    return _LockWaker()
+
+
+_new_waker: Callable[[], _Waker] = _default_waker
 _local = threading.local()
 
 
