@@ -28,6 +28,7 @@ def waker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> An
     return request.param
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
 def test_default_waker_is_an_eventfd_only_on_one_cpu() -> None:
     """A thread confined to one CPU waits on an eventfd (GIL released on wake); a thread free
     to run on several waits on a lock."""
@@ -158,6 +159,66 @@ def test_interrupted_waiter_is_withdrawn_and_never_stalls_the_others(
     assert coalescer.run(make_request()).result == "done"  # and the coalescer is idle again
 
 
+def test_interrupted_round_trip_fails_every_request_of_the_batch() -> None:
+    """If the leader's round trip is interrupted (execute raises a BaseException), the waiters
+    of that batch get the error, never a silent success, and the coalescer is idle again."""
+    execute = Blocker()
+    leader_saw: List[BaseException] = []
+
+    def interrupted(batch: List[Request]) -> None:
+        if execute.batches:  # the second round trip is interrupted
+            execute.batches.append(len(batch))
+            raise Interrupted
+        execute(batch)
+
+    coalescer = Coalescer(interrupted)
+    first = threading.Thread(target=coalescer.run, args=(make_request(),))
+    first.start()
+    assert execute.in_flight.wait(10)
+    served: List[Request] = []
+
+    def caller() -> None:
+        try:
+            served.append(coalescer.run(make_request()))
+        except Interrupted as exc:
+            leader_saw.append(exc)
+
+    callers = [threading.Thread(target=caller) for _ in range(3)]
+    for t in callers:
+        t.start()
+    wait_for(lambda: len(coalescer._pending) == 3)
+    execute.release.set()
+    for t in [first, *callers]:
+        t.join(10)
+        assert not t.is_alive()
+    assert execute.batches == [1, 3]
+    assert len(leader_saw) == 1  # the thread that led the interrupted round trip
+    assert [type(r.error) for r in served] == [Interrupted, Interrupted]
+    assert all(r.result is None for r in served)
+    assert coalescer._busy is False and coalescer._pending == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX only")
+def test_forked_child_gets_an_idle_coalescer_and_its_own_waker() -> None:
+    """After fork the child never shares the parent's eventfd and never inherits a round in
+    flight: its coalescer is idle and serves requests."""
+    coalescer = Coalescer(lambda batch: [setattr(r, "result", "done") for r in batch])
+    parent_waker = coalesce._thread_waker()
+    coalescer._busy = True  # as if another thread of the parent were mid round trip
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        ok = (
+            getattr(coalesce._local, "waker", None) is None
+            and coalescer.run(make_request()).result == "done"
+            and coalesce._thread_waker() is not parent_waker
+        )
+        os._exit(0 if ok else 1)
+    coalescer._busy = False
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert coalesce._local.waker is parent_waker  # the parent keeps its own
+
+
 def test_errors_reach_every_request_of_the_batch(redis_client: redis.Redis) -> None:
     """When a combined round trip fails, every caller gets a StoreError."""
     store = RedisDedupStore(redis.Redis(port=1, retry=None, socket_connect_timeout=0.2))
@@ -225,24 +286,60 @@ def test_concurrent_threads_share_round_trips(redis_client: redis.Redis, app_nam
     try:
         barrier = threading.Barrier(8)
 
+        answers: List[Any] = []
+
         def work(t: int) -> None:
             barrier.wait(10)
             for i in range(200):
-                assert listener(ClassicMessage(f"{t}-{i}")) is ConsumeStatus.CONSUME_SUCCESS
+                answers.append(listener(ClassicMessage(f"{t}-{i}")))
 
         threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
+            assert not t.is_alive()
     finally:
         logging.getLogger("rocketmq_dedup").removeHandler(handler)
     assert [e for e in errors if "failed" in e or "could not" in e] == []
+    assert answers == [ConsumeStatus.CONSUME_SUCCESS] * (8 * 200)
     assert sum(batches) == 8 * 200 * 2  # one claim and one mark per message
-    assert len(batches) < 8 * 200 * 2  # some round trips were shared
+    assert len(batches) < 8 * 200 * 2 * 0.9  # round trips were shared, and not just once
     assert all(
         store.get_status(DedupElement(app_name, "TEST-TOPIC", "TagA", f"{t}-{i}"))
         is DedupStatus.CONSUMED
         for t in range(8)
         for i in range(0, 200, 37)
     )
+
+
+def test_interrupted_round_trip_drops_the_connection(
+    redis_client: redis.Redis, app_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt between two replies of a combined round trip drops the store's own
+    connection, so the next round trip never reads the stale replies."""
+    store = RedisDedupStore(redis_client)
+    a, b, c = (DedupElement(app_name, "t", "", k) for k in "abc")
+    assert store.claim(a, "oa", 60_000).claimed  # opens the store's connection
+    conn = store._own_connection()
+    real_read = conn.read_response
+    reads: List[int] = []
+
+    def read_then_interrupt() -> Any:
+        reads.append(1)
+        if len(reads) == 2:
+            raise KeyboardInterrupt
+        return real_read()
+
+    monkeypatch.setattr(conn, "read_response", read_then_interrupt)
+    key = store.record_key
+    batch = [
+        Request("claim", 60_000, [key(b)], ["CONSUMING:ob"]),
+        Request("mark", 60_000, [key(a)], ["CONSUMED:oa"]),
+    ]
+    with pytest.raises(KeyboardInterrupt):
+        store._execute(batch)
+    assert store._conn is None
+    assert store.claim(c, "oc", 60_000).claimed
+    assert store.claim(b, "other", 60_000) == (False, DedupStatus.CONSUMING)
+    assert store.get_status(a) is DedupStatus.CONSUMED

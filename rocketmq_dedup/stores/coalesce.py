@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Any, Callable, List, Optional, Protocol, Sequence
 
 
@@ -75,6 +76,21 @@ _new_waker: Callable[[], _Waker] = _default_waker
 _local = threading.local()
 
 
+def _forget_waker() -> None:
+    """In a forked child: the forking thread's eventfd is shared with the parent; drop it."""
+    _local.waker = None
+
+
+def _reset_if_alive(ref: weakref.ref[Coalescer]) -> None:
+    coalescer = ref()
+    if coalescer is not None:
+        coalescer._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_waker)
+
+
 def _thread_waker() -> _Waker:
     """The calling thread's waker, made on first use."""
     waker = getattr(_local, "waker", None)
@@ -107,6 +123,14 @@ class Coalescer:
 
     def __init__(self, execute: Callable[[List[Request]], None]) -> None:
         self._execute = execute
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            this = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _reset_if_alive(this))
+
+    def _reset(self) -> None:
+        """Idle and empty. Also run in a forked child: only the forking thread lives on there,
+        so a round in flight in the parent is never finished in the child."""
         self._lock = threading.Lock()
         self._pending: List[Request] = []
         self._busy = False
@@ -115,7 +139,9 @@ class Coalescer:
         """Execute ``request`` (alone or with others) and return it, result or error set.
 
         If the caller's wait is interrupted (an exception such as ``KeyboardInterrupt``), the
-        exception propagates; the request is withdrawn if it has not been sent yet."""
+        exception propagates; the request is withdrawn if it has not been sent yet. Python
+        delivers signals to the main thread only; the clients run callbacks on their own
+        threads, which are never interrupted that way."""
         waker = None
         with self._lock:
             if self._busy:
@@ -134,6 +160,11 @@ class Coalescer:
             batch, self._pending = self._pending, []
         try:
             self._execute(batch)
+        except BaseException as exc:  # execute never raises, short of a KeyboardInterrupt:
+            for other in batch:  # then no caller may mistake an unsent request for a done one
+                if other.result is None and other.error is None:
+                    other.error = exc
+            raise
         finally:
             with self._lock:
                 self._hand_over()

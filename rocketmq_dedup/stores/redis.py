@@ -321,6 +321,10 @@ class RedisDedupStore(DedupStore):
                 if attempt == 2:
                     raise
                 logger.warning("Redis connection lost; reconnecting")
+            except BaseException:  # e.g. KeyboardInterrupt between two replies: never let the
+                conn.disconnect()  # next batch read this batch's unread replies
+                self._conn = None
+                raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _own_connection(self) -> Any:
