@@ -219,8 +219,8 @@ def test_forked_child_gets_an_idle_coalescer_and_its_own_waker() -> None:
     assert coalesce._local.waker is parent_waker  # the parent keeps its own
 
 
-def test_errors_reach_every_request_of_the_batch(redis_client: redis.Redis) -> None:
-    """When a combined round trip fails, every caller gets a StoreError."""
+def test_failed_round_trip_raises_store_error(redis_client: redis.Redis) -> None:
+    """A round trip that fails (no server) reaches the caller as a StoreError."""
     store = RedisDedupStore(redis.Redis(port=1, retry=None, socket_connect_timeout=0.2))
     with pytest.raises(StoreError):
         store.claim(DedupElement("a", "t", "", "k"), "o", 1000)
