@@ -458,7 +458,6 @@ class MySQLFresh(LibraryMySQLCase):
 
 class MySQLDup(LibraryMySQLCase):
     name = "mysql_dup"
-    quick_n, full_n = 3_000, 10_000
     duplicates = True
 
 

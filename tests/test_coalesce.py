@@ -68,6 +68,14 @@ class Blocker:
             r.result = "done"
 
 
+def start_blocked_round(coalescer: Coalescer, execute: Blocker) -> threading.Thread:
+    """A thread leading the first round trip, held in flight until ``execute.release``."""
+    first = threading.Thread(target=coalescer.run, args=(make_request(),))
+    first.start()
+    assert execute.in_flight.wait(10)
+    return first
+
+
 def test_lone_request_runs_at_once_in_its_own_batch() -> None:
     """A request that arrives alone is executed immediately, by its own thread, alone."""
     batches: List[List[Request]] = []
@@ -87,9 +95,7 @@ def test_requests_arriving_during_a_round_trip_share_the_next_one() -> None:
     """While one batch is in flight, later requests queue and then run as one batch."""
     execute = Blocker()
     coalescer = Coalescer(execute)
-    first = threading.Thread(target=coalescer.run, args=(make_request(),))
-    first.start()
-    assert execute.in_flight.wait(10)
+    first = start_blocked_round(coalescer, execute)
     results: List[Any] = []
     waiters = [
         threading.Thread(target=lambda: results.append(coalescer.run(make_request()).result))
@@ -111,7 +117,7 @@ class Interrupted(Exception):
 
 @pytest.mark.parametrize("after_wake", [False, True], ids=["while-queued", "when-promoted"])
 def test_interrupted_waiter_is_withdrawn_and_never_stalls_the_others(
-    waker: Any, monkeypatch: pytest.MonkeyPatch, after_wake: bool
+    waker: Any, after_wake: bool
 ) -> None:
     """A caller whose wait raises gets the exception, its unsent request is withdrawn, and
     the callers behind it are still served, even if it had just been promoted to lead."""
@@ -126,9 +132,7 @@ def test_interrupted_waiter_is_withdrawn_and_never_stalls_the_others(
 
     execute = Blocker()
     coalescer = Coalescer(execute)
-    first = threading.Thread(target=coalescer.run, args=(make_request(),))
-    first.start()
-    assert execute.in_flight.wait(10)
+    first = start_blocked_round(coalescer, execute)
     outcome: List[Any] = []
 
     def interrupted_caller() -> None:
@@ -172,9 +176,7 @@ def test_interrupted_round_trip_fails_every_request_of_the_batch() -> None:
         execute(batch)
 
     coalescer = Coalescer(interrupted)
-    first = threading.Thread(target=coalescer.run, args=(make_request(),))
-    first.start()
-    assert execute.in_flight.wait(10)
+    first = start_blocked_round(coalescer, execute)
     served: List[Request] = []
 
     def caller() -> None:

@@ -315,16 +315,13 @@ class RedisDedupStore(DedupStore):
                     except redis.ResponseError as exc:
                         replies.append(exc)
                 return replies
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                conn.disconnect()
+            except BaseException as exc:  # lost, or interrupted between two replies: never
+                conn.disconnect()  # let the next batch read this batch's unread replies
                 self._conn = None
-                if attempt == 2:
+                lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+                if attempt == 2 or not lost:
                     raise
                 logger.warning("Redis connection lost; reconnecting")
-            except BaseException:  # e.g. KeyboardInterrupt between two replies: never let the
-                conn.disconnect()  # next batch read this batch's unread replies
-                self._conn = None
-                raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _own_connection(self) -> Any:
