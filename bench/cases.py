@@ -1,7 +1,8 @@
 """The in-process cases: one class per case, each with its messages per repetition (N).
 
 A case's life: ``setup()`` once; per repetition ``prepare(rep)`` (untimed: fresh messages, and
-for the ``*_dup`` cases one untimed pass that consumes them), ``measure()`` (timed), the
+for the ``*_dup`` cases one untimed pass that consumes them), then ``measure(part)`` (timed) once
+per round over consecutive parts of the messages (see :func:`bench.runner.run_rep`), the
 handler-call check, ``cleanup()`` (deletes the rep's records); ``close()`` at the end.
 """
 
@@ -28,7 +29,7 @@ from rocketmq_dedup import DedupConcurrentListener, DedupConfig
 from rocketmq_dedup.status import ConsumeStatus
 from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.memory import MemoryDedupStore
-from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.stores.mysql import schema_sql
 from rocketmq_dedup.stores.redis import RedisDedupStore
 
 OK = ConsumeStatus.CONSUME_SUCCESS
@@ -46,6 +47,7 @@ class Context:
     def __init__(self, servers: Servers, run_id: str) -> None:
         self.servers = servers
         self.run_id = run_id
+        self.tables_made: set[str] = set()  # MySQL tables (re)created by this run
 
     def app_name(self, case: str) -> str:
         return f"bench-{self.run_id}-{case}"
@@ -67,6 +69,7 @@ class Case(abc.ABC):
 
     name: ClassVar[str]
     needs: ClassVar[frozenset[str]] = frozenset()  # "redis", "mysql", "broker"
+    chunked: ClassVar[bool] = True  # measured in parts, one per round (see bench.runner)
     quick_n: ClassVar[int]
     full_n: ClassVar[int]
     in_quick: ClassVar[bool] = True
@@ -87,23 +90,30 @@ class Case(abc.ABC):
         """Untimed: this repetition's messages; duplicates are consumed once here."""
         self.items = self.group(make_messages(f"{self.ctx.run_id}-{self.name}-{rep}", self.n))
         if self.duplicates:
-            self.expect_no_failures(self.run(), "the untimed first pass")
+            self.expect_no_failures(self.run(self.items), "the untimed first pass")
 
     def group(self, msgs: list[BenchMessage]) -> Sequence[Any]:
         """How the timed loop receives the messages (one by one; batches override)."""
         return msgs
 
-    def measure(self) -> float:
-        """Timed: consume every message; return the elapsed seconds."""
+    def parts(self, rounds: int) -> list[Sequence[Any]]:
+        """``self.items`` cut into ``rounds`` consecutive parts, measured one per round."""
+        size = -(-len(self.items) // rounds)
+        return [self.items[i * size : (i + 1) * size] for i in range(rounds)]
+
+    def measure(self, items: Optional[Sequence[Any]] = None) -> float:
+        """Timed: consume ``items`` (default: all of this repetition's); return the elapsed
+        seconds."""
+        items = self.items if items is None else items
         start = time.perf_counter()
-        failures = self.run()
+        failures = self.run(items)
         elapsed = time.perf_counter() - start
         self.expect_no_failures(failures, "the timed pass")
         return elapsed
 
-    def run(self) -> int:
-        """Consume ``self.items``; return how many answers were not ``ok``."""
-        return consume_all(self.consume, self.items, self.ok)
+    def run(self, items: Sequence[Any]) -> int:
+        """Consume ``items``; return how many answers were not ``ok``."""
+        return consume_all(self.consume, items, self.ok)
 
     @abc.abstractmethod
     def consume(self, item: Any) -> Any:
@@ -270,9 +280,9 @@ class RedisThreads8Fresh(LibraryRedisCase):
     name = "redis_threads8_fresh"
     quick_n, full_n = 8_000, 30_000
 
-    def run(self) -> int:
+    def run(self, items: Sequence[Any]) -> int:
         failures = [0] * THREADS
-        shares = [self.items[i::THREADS] for i in range(THREADS)]
+        shares = [items[i::THREADS] for i in range(THREADS)]
 
         def worker(index: int) -> None:
             failures[index] = consume_all(self.consume, shares[index], self.ok)
@@ -305,11 +315,11 @@ class RedisThreads8LockWakeFresh(RedisThreads8Fresh):
 
     name = "redis_threads8_lockwake_fresh"
 
-    def run(self) -> int:
+    def run(self, items: Sequence[Any]) -> int:
         default = coalesce._new_waker  # the worker threads are new: they make their waker now
         coalesce._new_waker = coalesce._LockWaker
         try:
-            return super().run()
+            return super().run(items)
         finally:
             coalesce._new_waker = default
 
@@ -423,6 +433,14 @@ class MySQLCase(Case):
         finally:
             cur.close()
 
+    def make_table(self, schema: str) -> None:
+        """Drop and create this case's table, once per run, so it has the current schema
+        (a table left by an older run may differ; the cases sharing it set up in turn)."""
+        if self.table not in self.ctx.tables_made:
+            self.sql(f"DROP TABLE IF EXISTS `{self.table}`")
+            self.sql(schema)
+            self.ctx.tables_made.add(self.table)
+
     def cleanup(self) -> None:
         self.sql(f"DELETE FROM `{self.table}` WHERE application_name = %s", (self.app,))
 
@@ -436,7 +454,7 @@ class LibraryMySQLCase(MySQLCase):
 
     def setup(self) -> None:
         super().setup()
-        MySQLDedupStore(self.connect, self.table).create_table()
+        self.make_table(schema_sql(self.table))
         config = DedupConfig.enable_dedup_consume_config(
             self.app, self.connect, table_name=self.table, **listener_options()
         )
@@ -469,7 +487,7 @@ class MySQLNaiveFresh(MySQLCase):
 
     def setup(self) -> None:
         super().setup()
-        self.sql(NAIVE_SCHEMA.format(table=self.table))
+        self.make_table(NAIVE_SCHEMA.format(table=self.table))
         self.naive = NaiveMySQLDedup(self.connect(), self.table, self.app, self.handler)
 
     def consume(self, item: Any) -> Any:

@@ -18,6 +18,7 @@ from bench.settings import BenchSetupError, Servers
 
 ALL_CASES: tuple[type[Case], ...] = IN_PROCESS_CASES + E2E_CASES
 QUICK_REPS, FULL_REPS = 5, 7
+ROUNDS = 8  # parts per case and repetition, measured in interleaved rounds (bench.runner)
 
 
 def cpu_choice(text: str) -> Optional[int]:
@@ -53,7 +54,16 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         metavar="N",
         help=f"repetitions (default {QUICK_REPS} with --quick, else {FULL_REPS})",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the per-rep case order")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        metavar="N",
+        help=f"interleaved rounds per repetition: each case's messages are measured in N parts, "
+        f"one per round, in a new shuffled order each round (default {ROUNDS}; 1: each case "
+        "whole, one after the other)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the case orders")
     parser.add_argument("--check", action="store_true", help="exit 1 if a target fails")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="also render a PNG chart")
     parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
@@ -73,6 +83,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     return args
 
 
@@ -138,9 +150,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     ctx = Context(servers, uuid.uuid4().hex[:8])
     cases = [c(ctx, c.quick_n if args.quick else c.full_n) for c in classes]
-    log_stderr(f"{len(cases)} cases x {reps} reps ({'quick' if args.quick else 'full'})")
+    kind = "quick" if args.quick else "full"
+    log_stderr(f"{len(cases)} cases x {reps} reps x {args.rounds} rounds ({kind})")
     try:
-        results = run_cases(cases, reps, args.seed)
+        results = run_cases(cases, reps, args.rounds, args.seed)
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 3
@@ -151,6 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = {
         "quick": args.quick,
         "reps_per_case": reps,
+        "rounds_per_rep": args.rounds,
         "seed": args.seed,
         "cpu_affinity": pinned,
         "n": {c.name: c.n for c in cases},

@@ -1,5 +1,5 @@
-"""Runs the repetitions: every repetition runs every case once, in a shuffled order, so the
-cases of one repetition are measured close together in time."""
+"""Runs the repetitions. Every repetition measures every case once, in interleaved rounds
+(see :func:`run_rep`), so the cases of a ratio are measured side by side in time."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from bench.cases import BenchError, Case
 
@@ -25,6 +25,10 @@ class Usage:
     involuntary: int
 
     @classmethod
+    def zero(cls) -> Usage:
+        return cls(0.0, 0, 0)
+
+    @classmethod
     def now(cls) -> Usage:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return cls(r.ru_utime + r.ru_stime, r.ru_nvcsw, r.ru_nivcsw)
@@ -34,6 +38,13 @@ class Usage:
             self.cpu_s - before.cpu_s,
             self.voluntary - before.voluntary,
             self.involuntary - before.involuntary,
+        )
+
+    def plus(self, other: Usage) -> Usage:
+        return Usage(
+            self.cpu_s + other.cpu_s,
+            self.voluntary + other.voluntary,
+            self.involuntary + other.involuntary,
         )
 
 
@@ -76,29 +87,81 @@ def log_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_once(case: Case, rep: int) -> tuple[float, Usage]:
-    """One timed repetition of ``case``; returns messages per second and this process's
-    resource usage during the timed pass. Raises BenchError when the handler was not called
-    exactly as the case requires."""
-    case.prepare(rep)
-    case.handler.reset()
+@dataclass
+class Sample:
+    """One case in one repetition: time spent in its timed passes and what they used."""
+
+    seconds: float = 0.0
+    usage: Usage = field(default_factory=Usage.zero)
+
+    def add(self, seconds: float, usage: Usage) -> None:
+        self.seconds += seconds
+        self.usage = self.usage.plus(usage)
+
+
+def measure(case: Case, sample: Sample, items: Optional[Sequence[Any]] = None) -> None:
+    """Time one timed pass of ``case`` (over ``items``, default all) into ``sample``."""
+    before = Usage.now()
+    seconds = case.measure(items)
+    sample.add(seconds, Usage.now().since(before))
+
+
+def expect_calls(case: Case) -> None:
+    """Raise BenchError unless the handler ran exactly as the case requires."""
+    calls, expected = case.handler.calls, case.expected_calls()
+    if calls != expected:
+        raise BenchError(
+            f"{case.name}: the handler ran {calls} times in the timed pass, expected "
+            f"{expected}: the case did not measure what it claims"
+        )
+
+
+def run_rep(cases: list[Case], rep: int, rounds: int, rng: random.Random) -> dict[str, Sample]:
+    """One repetition of every case.
+
+    The messages of every chunked case are prepared first (untimed) and cut into ``rounds``
+    parts; each round then measures one part of every case, in a new shuffled order, so the
+    two cases of a ratio sample the same stretches of time however the machine drifts. A case
+    that is not chunked (e2e) is prepared, measured whole and cleaned up in its slot of the
+    first round. Raises BenchError when a handler was not called exactly as its case requires.
+    """
+    samples = {case.name: Sample() for case in cases}
+    prepared: list[Case] = []
     try:
-        before = Usage.now()
-        elapsed = case.measure()
-        usage = Usage.now().since(before)
-        calls, expected = case.handler.calls, case.expected_calls()
-        if calls != expected:
-            raise BenchError(
-                f"{case.name}: the handler ran {calls} times in the timed pass, expected "
-                f"{expected}: the case did not measure what it claims"
-            )
+        parts = {}
+        for case in cases:
+            if case.chunked:
+                prepared.append(case)
+                case.prepare(rep)
+                case.handler.reset()
+                parts[case.name] = case.parts(rounds)
+        for r in range(rounds):
+            order = list(cases)
+            rng.shuffle(order)
+            for case in order:
+                if case.chunked:
+                    measure(case, samples[case.name], parts[case.name][r])
+                elif r == 0:
+                    case.prepare(rep)
+                    case.handler.reset()
+                    try:
+                        measure(case, samples[case.name])
+                        expect_calls(case)
+                    finally:
+                        case.cleanup()
+        for case in prepared:
+            expect_calls(case)
     finally:
-        case.cleanup()
-    return case.n / elapsed, usage
+        for case in prepared:
+            case.cleanup()
+    return samples
 
 
-def run_cases(cases: list[Case], reps: int, seed: int, log: Log = log_stderr) -> list[CaseResult]:
-    """Set up, warm up, run ``reps`` interleaved repetitions, close. Results in case order."""
+def run_cases(
+    cases: list[Case], reps: int, rounds: int, seed: int, log: Log = log_stderr
+) -> list[CaseResult]:
+    """Set up, warm up, run ``reps`` repetitions of ``rounds`` interleaved rounds, close.
+    Results in case order."""
     results = {case.name: CaseResult(case.name, case.n) for case in cases}
     started: list[Case] = []
     try:
@@ -107,13 +170,13 @@ def run_cases(cases: list[Case], reps: int, seed: int, log: Log = log_stderr) ->
             started.append(case)
             case.warm_up(WARMUP_N)
         for rep in range(reps):
-            order = list(cases)
-            random.Random(seed + rep).shuffle(order)
             began = time.monotonic()
-            for case in order:
-                rate, usage = run_once(case, rep)
-                results[case.name].add(rate, usage)
-                log(f"  rep {rep + 1}/{reps}  {case.name:<22} {rate:>14,.0f} msg/s")
+            samples = run_rep(cases, rep, rounds, random.Random(seed + rep))
+            for case in cases:
+                sample = samples[case.name]
+                rate = case.n / sample.seconds
+                results[case.name].add(rate, sample.usage)
+                log(f"  rep {rep + 1}/{reps}  {case.name:<32} {rate:>14,.0f} msg/s")
             log(f"rep {rep + 1}/{reps} done in {time.monotonic() - began:.1f}s")
     except BaseException as exc:  # say what failed before closing, which may itself hang
         log(f"error: {type(exc).__name__}: {exc}; closing the cases")

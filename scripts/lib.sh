@@ -49,3 +49,19 @@ apt_install() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
+
+# SERVER_CPUS: the command prefix that runs a server on the servers' CPUs: DEDUP_SERVER_CPUS (a
+# taskset CPU list), by default the last CPU when there are two or more; "all" leaves the
+# scheduler free. The bench pins the consumer to CPU 0, so every round trip to a server crosses
+# CPUs, as it would cross a network. Left free, a server thread sometimes lands on the consumer's
+# CPU and sometimes not, and the same code's throughput swings 1.6x between repetitions
+# (BENCHMARKS.md, "Why one CPU").
+SERVER_CPUS=()
+_server_cpus="${DEDUP_SERVER_CPUS:-}"
+if [[ -z $_server_cpus ]]; then
+  _server_cpus=all
+  if (($(nproc) >= 2)); then _server_cpus=$(($(nproc) - 1)); fi
+fi
+if [[ $_server_cpus != all ]] && command -v taskset >/dev/null; then
+  SERVER_CPUS=(taskset -c "$_server_cpus")
+fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Redis and MariaDB for tests, benchmarks and the demo: installed from Debian packages, bound to
-# 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID.
+# 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID, run on the servers'
+# CPUs (scripts/lib.sh, SERVER_CPUS: the last CPU unless DEDUP_SERVER_CPUS says otherwise).
 #   scripts/services.sh up|down [redis|cluster|mysql ...]   (no names: all three)
 #   scripts/services.sh status|restart-mysql|env
 # Redis: 127.0.0.1:16379.  Redis Cluster: 127.0.0.1:17000-17002 (3 masters).  MariaDB: 127.0.0.1:13306, database dedup_test, user dedup/dedup.
@@ -24,7 +25,7 @@ ENV
 redis_up() {
   if pid_alive "$STATE/redis.pid"; then log "redis already running"; return; fi
   mkdir -p "$STATE/redis"
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes \
+  "${SERVER_CPUS[@]}" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes \
     --pidfile "$STATE/redis.pid" --dir "$STATE/redis" --logfile "$STATE/redis.log" \
     --save "" --appendonly no
   wait_until 20 "redis" redis-cli -p "$REDIS_PORT" ping
@@ -38,7 +39,7 @@ cluster_up() {
   local nodes=()
   for port in "${CLUSTER_PORTS[@]}"; do
     rm -rf "$STATE/redis-cluster-$port"; mkdir -p "$STATE/redis-cluster-$port"
-    redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --cluster-enabled yes \
+    "${SERVER_CPUS[@]}" redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --cluster-enabled yes \
       --cluster-config-file nodes.conf --dir "$STATE/redis-cluster-$port" \
       --pidfile "$STATE/redis-cluster-$port.pid" --logfile "$STATE/redis-cluster-$port.log" \
       --save "" --appendonly no
@@ -53,7 +54,7 @@ cluster_up() {
 }
 
 mysql_start() {
-  nohup mariadbd --no-defaults --user=root --datadir="$STATE/mariadb" \
+  nohup "${SERVER_CPUS[@]}" mariadbd --no-defaults --user=root --datadir="$STATE/mariadb" \
     --bind-address=127.0.0.1 --port="$MYSQL_PORT" --socket="$MYSQL_SOCK" \
     --pid-file="$STATE/mariadb.pid" --log-error="$STATE/mariadb.err" --skip-name-resolve \
     --innodb-buffer-pool-size=128M --innodb-log-file-size=48M \

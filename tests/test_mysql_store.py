@@ -13,10 +13,11 @@ from rocketmq_dedup import (
     ConsumeStatus,
     DedupConcurrentListener,
     DedupConfig,
+    DedupConfigError,
     DedupElement,
     DedupStatus,
 )
-from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.stores.mysql import PURGE_SCAN_SQL, MySQLDedupStore
 from tests.support import ClassicMessage, mysql_connect, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,11 +53,11 @@ def mysql_store(mysql_table: str) -> Any:
 
 
 def test_create_table_is_idempotent(mysql_store: MySQLDedupStore) -> None:
-    """create_table() twice is fine and leaves the expiry index in place."""
+    """create_table() twice is fine; the table keeps its one index, the primary key."""
     mysql_store.create_table()
     mysql_store.create_table()
     keys = {row[2] for row in query(f"SHOW INDEX FROM {mysql_store.table_name}")}
-    assert {"PRIMARY", "idx_expire_time"} <= keys
+    assert keys == {"PRIMARY"}
 
 
 def test_lease_uses_the_database_clock(mysql_store: MySQLDedupStore, app_name: str) -> None:
@@ -83,6 +84,11 @@ def test_readable_columns_for_operators(mysql_store: MySQLDedupStore, app_name: 
     assert row == (app_name, "TOPIC", "TagA", "k" * 255, "CONSUMING", "owner-1", 1)
 
 
+def app_rows(store: MySQLDedupStore, app_name: str) -> int:
+    rows = query(f"SELECT COUNT(*) FROM {store.table_name} WHERE application_name = %s", app_name)
+    return int(rows[0][0])
+
+
 def test_purge_expired_deletes_in_batches(mysql_store: MySQLDedupStore, app_name: str) -> None:
     """purge_expired removes every expired row, batch by batch, and keeps live ones."""
     expired = [DedupElement(app_name, "T", "", f"old{i}") for i in range(10)]
@@ -91,16 +97,34 @@ def test_purge_expired_deletes_in_batches(mysql_store: MySQLDedupStore, app_name
     mysql_store.mark_consumed(live, "o", 600_000)
     wait_for(lambda: all(mysql_store.get_status(e) is None for e in expired))
     assert mysql_store.purge_expired(batch_size=3) >= 10
-    rows = query(
-        f"SELECT COUNT(*) FROM {mysql_store.table_name} WHERE application_name = %s", app_name
-    )
-    assert rows[0][0] == 1
+    assert app_rows(mysql_store, app_name) == 1
 
 
-def test_purge_can_use_the_expiry_index(mysql_store: MySQLDedupStore) -> None:
-    """The purge's WHERE clause is served by idx_expire_time."""
-    plan = query(f"EXPLAIN DELETE FROM {mysql_store.table_name} WHERE expire_time <= 0 LIMIT 10")
-    assert "idx_expire_time" in str(plan)
+def test_purge_walks_past_batches_with_nothing_expired(
+    mysql_store: MySQLDedupStore, app_name: str
+) -> None:
+    """A batch of live rows does not end the purge: it walks the whole table."""
+    live = [DedupElement(app_name, "T", "", f"live{i}") for i in range(20)]
+    expired = [DedupElement(app_name, "T", "", f"old{i}") for i in range(5)]
+    mysql_store.mark_consumed_many(live, ["o"] * 20, 600_000)
+    mysql_store.mark_consumed_many(expired, ["o"] * 5, 1)
+    wait_for(lambda: all(mysql_store.get_status(e) is None for e in expired))
+    assert mysql_store.purge_expired(batch_size=2) >= 5
+    assert app_rows(mysql_store, app_name) == 20
+    assert all(mysql_store.get_status(e) is DedupStatus.CONSUMED for e in live)
+
+
+def test_purge_scans_by_primary_key(mysql_store: MySQLDedupStore) -> None:
+    """Each purge step reads a primary-key range, never the whole table."""
+    plan = query("EXPLAIN " + PURGE_SCAN_SQL.format(table=mysql_store.table_name), b"\0" * 32, 1000)
+    assert plan[0][5] == "PRIMARY"  # the `key` column
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5])
+def test_purge_rejects_a_bad_batch_size(mysql_store: MySQLDedupStore, batch_size: Any) -> None:
+    """A batch size that is not a positive int is a DedupConfigError."""
+    with pytest.raises(DedupConfigError, match="batch_size"):
+        mysql_store.purge_expired(batch_size=batch_size)
 
 
 def test_thread_pool_shares_one_store(mysql_store: MySQLDedupStore, app_name: str) -> None:

@@ -10,7 +10,10 @@ or PyMySQL).
   record is taken over by one ``INSERT ... ON DUPLICATE KEY UPDATE`` that only overwrites
   a row whose lease or retention has passed (checked in the same statement). Marking CONSUMED
   is one ``UPDATE`` of the claimed row.
-* ``purge_expired()`` deletes expired rows in batches through the ``expire_time`` index.
+* ``purge_expired()`` walks the table in primary-key order, ``batch_size`` rows at a time, and
+  deletes the expired ones: one pass reads every row once. The table has no ``expire_time``
+  index: it would cost every claim and every CONSUMED mark an index write (measured: 4 % of a
+  message's time, BENCHMARKS.md), and the purge is a background job.
 * Connections: one per thread, opened from the zero-argument ``connect`` callable, autocommit;
   a lost connection (server restart) is reopened and the statement retried once. Every
   statement is idempotent for its owner token, so the retry is safe. On mysqlclient
@@ -59,8 +62,7 @@ CREATE TABLE IF NOT EXISTS {table} (
   owner_token      VARCHAR(64)     NOT NULL COMMENT 'the claim that wrote the row',
   expire_time      BIGINT          NOT NULL COMMENT 'epoch ms, database server clock',
   deliveries       BIGINT UNSIGNED NOT NULL DEFAULT 1 COMMENT 'claims and duplicates seen',
-  PRIMARY KEY (dedup_key),
-  KEY idx_expire_time (expire_time)
+  PRIMARY KEY (dedup_key)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
 
 _COLUMNS = "dedup_key, application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time"
@@ -105,7 +107,14 @@ RENEW_SQL = (
     f"UPDATE {{table}} SET expire_time = {NOW_MS} + %s "
     "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
 )
-PURGE_SQL = f"DELETE FROM {{table}} WHERE expire_time <= {NOW_MS} LIMIT %s"
+# The purge's scan: the next batch of keys after a key, in primary-key order (a consistent,
+# unlocked read), each with whether it has expired on the server's clock.
+PURGE_SCAN_SQL = (
+    f"SELECT dedup_key, expire_time <= {NOW_MS} FROM {{table}} "
+    "WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
+)
+# Deletes the listed rows that are still expired (one may have been taken over since the scan).
+PURGE_SQL = f"DELETE FROM {{table}} WHERE dedup_key IN ({{marks}}) AND expire_time <= {NOW_MS}"
 
 
 def validate_table_name(name: str) -> str:
@@ -155,7 +164,7 @@ class MySQLDedupStore(DedupStore):
         table = _quote(table_name)
         self._sql: Dict[str, str] = {
             "release": RELEASE_SQL.format(table=table),
-            "purge": PURGE_SQL.format(table=table),
+            "purge_scan": PURGE_SCAN_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
             "mark": MARK_SQL.format(table=table),
             "schema": schema_sql(table_name),
@@ -229,13 +238,27 @@ class MySQLDedupStore(DedupStore):
         self._call(self._execute, self._sql["schema"], ())
 
     def purge_expired(self, batch_size: int = 1000) -> int:
-        """Delete expired rows ``batch_size`` at a time; return how many were deleted."""
-        total = 0
+        """Delete every expired row; return how many were deleted.
+
+        One pass over the table in primary-key order: each step reads ``batch_size`` keys
+        and deletes the expired ones among them by key, so a step holds row locks on expired
+        rows only, never on a live row or a gap a claim could insert into. Run it from a cron
+        job or a timer, off-peak for large tables."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
+        return int(self._call(self._purge, batch_size))
+
+    def _purge(self, batch_size: int) -> int:
+        total, after = 0, b""  # every key is 32 bytes, so b"" sorts first
         while True:
-            deleted = int(self._call(self._execute, self._sql["purge"], (batch_size,)))
-            total += deleted
-            if deleted < batch_size:
+            rows = self._execute(self._sql["purge_scan"], (after, batch_size), fetch=True)
+            expired = [bytes(key) for key, is_expired in rows if is_expired]
+            if expired:
+                sql = PURGE_SQL.format(table=self._table, marks=", ".join(["%s"] * len(expired)))
+                total += int(self._execute(sql, expired))
+            if len(rows) < batch_size:
                 return total
+            after = bytes(rows[-1][0])
 
     # -- I/O hooks -----------------------------------------------------------------------
 
