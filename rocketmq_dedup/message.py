@@ -93,12 +93,12 @@ class DedupElement(NamedTuple):
 
     def digest(self) -> bytes:
         """SHA-256 over the length-prefixed UTF-8 fields: 32 bytes, collision-free in practice."""
-        h = hashlib.sha256()
+        parts = []
         for field in self:
             data = field.encode("utf-8", "surrogateescape")
-            h.update(len(data).to_bytes(8, "big"))
-            h.update(data)
-        return h.digest()
+            parts.append(len(data).to_bytes(8, "big"))
+            parts.append(data)
+        return hashlib.sha256(b"".join(parts)).digest()
 
 
 @functools.lru_cache(maxsize=256)

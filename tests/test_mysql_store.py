@@ -72,6 +72,17 @@ def test_lease_uses_the_database_clock(mysql_store: MySQLDedupStore, app_name: s
     assert 59_000 <= expire - server_now <= 60_000
 
 
+def test_row_id_is_stable_across_versions() -> None:
+    """The row id is SHA-256 of the length-prefixed UTF-8 fields, pinned: a change would hide
+    every existing record after an upgrade."""
+    assert DedupElement("app", "Topic", "", "k").digest().hex() == (
+        "6dfecab172cabeb10efcde6bdbdae154e51a9a065049f58879940cecf9af6d86"
+    )
+    assert DedupElement("订单服务", "T", "A", "x" * 300).digest().hex() == (
+        "b43494e58a69b01aac8bb090292653bb76bdd8e2685ab1f1419b85161351ce67"
+    )
+
+
 def test_readable_columns_for_operators(mysql_store: MySQLDedupStore, app_name: str) -> None:
     """The row shows application, topic, tag, key (first 255 chars), status and owner."""
     e = DedupElement(app_name, "TOPIC", "TagA", "k" * 300)
