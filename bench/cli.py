@@ -78,7 +78,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         default=0,
         metavar="N|all",
         help="pin this process (and the consumers it starts) to CPU N (default 0), or 'all' "
-        "to leave it unpinned; see BENCHMARKS.md, 'Why one CPU'",
+        "to leave it unpinned; see BENCHMARKS.md, 'Where things run'",
     )
     args = parser.parse_args(argv)
     if args.reps is not None and args.reps < 1:

@@ -3,7 +3,7 @@
 Two threads pass control back and forth through a pair of locks (the way a coalesced request's
 caller is woken, or a client's callback thread is handed a message). Run unpinned first, then
 with the process pinned to one CPU; prints one JSON line per mode with microseconds per round
-(two hand-offs) and the CPU time it used. See BENCHMARKS.md, "Why one CPU".
+(two hand-offs) and the CPU time it used. See BENCHMARKS.md, "Where things run".
 """
 
 from __future__ import annotations

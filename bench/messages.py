@@ -35,13 +35,14 @@ def make_messages(prefix: str, n: int) -> list[BenchMessage]:
 
 class CountingHandler:
     """The business handler of every case: counts its calls and succeeds. Thread-safe
-    (``list.append`` is atomic), so the threaded and broker cases can share it."""
+    (``bytearray.append`` is atomic), so the threaded and broker cases can share it; a
+    bytearray holds no references, so the cyclic GC never walks it (noop calls it 10M times)."""
 
     def __init__(self) -> None:
-        self._calls: list[None] = []
+        self._calls = bytearray()
 
     def __call__(self, msg: Any) -> bool:
-        self._calls.append(None)
+        self._calls.append(1)
         return True
 
     @property
@@ -49,7 +50,7 @@ class CountingHandler:
         return len(self._calls)
 
     def reset(self) -> None:
-        self._calls = []
+        self._calls = bytearray()
 
 
 def consume_all(consume: Callable[[Any], Any], items: Sequence[Any], ok: Any) -> int:

@@ -55,7 +55,7 @@ apt_install() {
 # scheduler free. The bench pins the consumer to CPU 0, so every round trip to a server crosses
 # CPUs, as it would cross a network. Left free, a server thread sometimes lands on the consumer's
 # CPU and sometimes not, and the same code's throughput swings 1.6x between repetitions
-# (BENCHMARKS.md, "Why one CPU").
+# (BENCHMARKS.md, "Where things run").
 SERVER_CPUS=()
 _server_cpus="${DEDUP_SERVER_CPUS:-}"
 if [[ -z $_server_cpus ]]; then
