@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, List, Set
+from typing import Any, Callable, List, Set
 
 import pytest
 import redis
@@ -76,6 +76,17 @@ def start_blocked_round(coalescer: Coalescer, execute: Blocker) -> threading.Thr
     return first
 
 
+def queue_callers(
+    coalescer: Coalescer, target: Callable[[], Any], n: int
+) -> List[threading.Thread]:
+    """``n`` threads running ``target``, started and queued behind the round in flight."""
+    callers = [threading.Thread(target=target) for _ in range(n)]
+    for t in callers:
+        t.start()
+    wait_for(lambda: len(coalescer._pending) == n)
+    return callers
+
+
 def test_lone_request_runs_at_once_in_its_own_batch() -> None:
     """A request that arrives alone is executed immediately, by its own thread, alone."""
     batches: List[List[Request]] = []
@@ -97,13 +108,9 @@ def test_requests_arriving_during_a_round_trip_share_the_next_one() -> None:
     coalescer = Coalescer(execute)
     first = start_blocked_round(coalescer, execute)
     results: List[Any] = []
-    waiters = [
-        threading.Thread(target=lambda: results.append(coalescer.run(make_request()).result))
-        for _ in range(5)
-    ]
-    for t in waiters:
-        t.start()
-    wait_for(lambda: len(coalescer._pending) == 5)
+    waiters = queue_callers(
+        coalescer, lambda: results.append(coalescer.run(make_request()).result), 5
+    )
     execute.release.set()
     for t in [first, *waiters]:
         t.join(10)
@@ -185,10 +192,7 @@ def test_interrupted_round_trip_fails_every_request_of_the_batch() -> None:
         except Interrupted as exc:
             leader_saw.append(exc)
 
-    callers = [threading.Thread(target=caller) for _ in range(3)]
-    for t in callers:
-        t.start()
-    wait_for(lambda: len(coalescer._pending) == 3)
+    callers = queue_callers(coalescer, caller, 3)
     execute.release.set()
     for t in [first, *callers]:
         t.join(10)
