@@ -182,6 +182,26 @@ class MemoryFresh(Case):
         return self.listener(item)
 
 
+class MemoryPrometheusFresh(MemoryFresh):
+    """memory_fresh with Prometheus metrics on (a fresh registry each repetition)."""
+
+    name = "memory_prometheus_fresh"
+
+    def prepare(self, rep: object) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from rocketmq_dedup.metrics import PrometheusMetrics
+
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app,
+            MemoryDedupStore(),
+            metrics=PrometheusMetrics(CollectorRegistry()),
+            **listener_options(),
+        )
+        self.listener = BenchListener(config, self.handler)
+        Case.prepare(self, rep)
+
+
 def listener_options() -> dict[str, Any]:
     return {
         "dedup_processing_expire_milli_seconds": LEASE_MS,
@@ -501,6 +521,7 @@ class MySQLNaiveFresh(MySQLCase):
 IN_PROCESS_CASES: tuple[type[Case], ...] = (
     Noop,
     MemoryFresh,
+    MemoryPrometheusFresh,
     RedisFresh,
     RedisDup,
     RedisNaiveFresh,

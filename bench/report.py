@@ -45,6 +45,7 @@ TARGETS: tuple[Target, ...] = (
     Target("redis_threads8_nocoalesce_fresh", "redis_fresh", None),
     Target("redis_threads8_lockwake_fresh", "redis_fresh", None),
     Target("memory_fresh", None, 60_000.0),
+    Target("memory_prometheus_fresh", "memory_fresh", 0.8),
     Target("mysql_fresh", "mysql_naive_fresh", 0.9),
     Target("e2e_redis", "e2e_nodedup", 0.8),
 )

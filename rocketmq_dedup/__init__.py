@@ -5,7 +5,13 @@ A port of the Java RocketMQDedupListener: subclass :class:`DedupConcurrentListen
 """
 
 from rocketmq_dedup.config import DedupConfig
-from rocketmq_dedup.errors import DedupConfigError, DedupError, MissingExtraError, StoreError
+from rocketmq_dedup.errors import (
+    DedupConfigError,
+    DedupError,
+    MissingExtraError,
+    StoreError,
+    StoreUnavailableError,
+)
 from rocketmq_dedup.listener import DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, StoreFailurePolicy
@@ -37,4 +43,5 @@ __all__ = [
     "RedisDedupStore",
     "StoreError",
     "StoreFailurePolicy",
+    "StoreUnavailableError",
 ]

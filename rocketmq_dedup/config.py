@@ -3,39 +3,44 @@
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any, Optional, Union
 
-from rocketmq_dedup.errors import DedupConfigError
-from rocketmq_dedup.lease import LeaseKeeper
+from rocketmq_dedup.errors import DedupConfigError, StoreError
+from rocketmq_dedup.metrics import DedupMetrics
 from rocketmq_dedup.status import StoreFailurePolicy
+from rocketmq_dedup.stores import STORE_OPTIONS, make_store
 from rocketmq_dedup.stores.base import DedupStore
-from rocketmq_dedup.stores.foreign import ForeignStore, looks_like_store
-from rocketmq_dedup.stores.mysql import DEFAULT_TABLE_NAME, MySQLDedupStore
-from rocketmq_dedup.stores.redis import DEFAULT_KEY_PREFIX, RedisDedupStore, is_redis_client
 
 DEFAULT_PROCESSING_EXPIRE_MILLI_SECONDS = 60_000
 DEFAULT_RECORD_RESERVE_MINUTES = 1440
 DEFAULT_MAX_PROCESSING_MILLI_SECONDS = 900_000  # RocketMQ's consume timeout: 15 minutes
 
-_COMMON_OPTIONS = frozenset(
+#: The longest lease, retention or processing time: 100 years. Every store accepts it with room
+#: to spare (Redis ``PX`` takes a 64-bit count of ms; MySQL's BIGINT epoch-ms columns and its
+#: DATETIME range end in year 9999), and so do the lease keeper's timers.
+MAX_DURATION_MS = 36_525 * 86_400_000
+
+_SETTINGS = frozenset(
     {
         "dedup_processing_expire_milli_seconds",
         "dedup_record_reserve_minutes",
         "store_failure_policy",
         "lease_renewal",
         "max_processing_milli_seconds",
+        "metrics",
     }
 )
+_METRICS_METHODS = ("message", "store_operation", "leases")
 
 
 class DedupConfig:
     """Dedup settings of one application (one consumer group, usually).
 
     Build it with :meth:`enable_dedup_consume_config` or :meth:`disable_dedup_consume_config`,
-    as in the Java original. Every setting is validated when set.
+    as in the Java original. Every setting is validated when it is set (at construction, or
+    later by assignment, the Java setters), so a bad value never reaches a message.
 
-    Settings (also constructor/factory keywords):
+    Settings (also keywords of the constructor and of the factories):
 
     * ``dedup_processing_expire_milli_seconds`` - the CONSUMING lease in ms (default 60 000):
       a duplicate arriving while a handler runs is retried later; after the lease lapses a
@@ -43,10 +48,15 @@ class DedupConfig:
     * ``dedup_record_reserve_minutes`` - how long a CONSUMED record is kept (default 1440).
     * ``store_failure_policy`` - ``"consume"`` (default: run the handler without dedup and log a
       warning) or ``"reconsume_later"`` (leave the message to the broker's retry).
-    * ``lease_renewal`` - renew the leases of handlers still running, every third of a lease
-      (default True; see :mod:`rocketmq_dedup.lease`), for at most
+    * ``lease_renewal`` - ``True`` (default) or ``False``: renew the leases of handlers still
+      running, every third of a lease (see :mod:`rocketmq_dedup.lease`), for at most
       ``max_processing_milli_seconds`` after the claim (default 900 000: RocketMQ's consume
       timeout). A crashed consumer renews nothing: its claims lapse one lease later.
+    * ``metrics`` - None (default: no metrics call at all) or a
+      :class:`~rocketmq_dedup.metrics.DedupMetrics`, e.g.
+      :class:`~rocketmq_dedup.metrics.PrometheusMetrics`.
+
+    Durations are positive, finite and at most 100 years (:data:`MAX_DURATION_MS`).
     """
 
     def __init__(
@@ -60,6 +70,7 @@ class DedupConfig:
         store_failure_policy: Union[str, StoreFailurePolicy] = StoreFailurePolicy.CONSUME,
         lease_renewal: bool = True,
         max_processing_milli_seconds: float = DEFAULT_MAX_PROCESSING_MILLI_SECONDS,
+        metrics: Optional[DedupMetrics] = None,
     ) -> None:
         if not isinstance(application_name, str) or not application_name:
             raise DedupConfigError("application_name must be a non-empty string")
@@ -68,99 +79,141 @@ class DedupConfig:
                 "dedup is enabled but no store was given; use "
                 "DedupConfig.disable_dedup_consume_config(name) to turn dedup off"
             )
+        if persist is not None and not isinstance(persist, DedupStore):
+            raise DedupConfigError(
+                f"persist must be a DedupStore; got {type(persist).__qualname__} (pass clients "
+                "to DedupConfig.enable_dedup_consume_config, which builds the store)"
+            )
         self.application_name = application_name
-        self.persist = persist
-        self.enabled = enabled
+        self.persist = persist if enabled else None
+        self.enabled = bool(enabled)
         self.dedup_processing_expire_milli_seconds = dedup_processing_expire_milli_seconds
         self.dedup_record_reserve_minutes = dedup_record_reserve_minutes
         self.store_failure_policy = store_failure_policy
-        self.lease_renewal = bool(lease_renewal)
+        self.lease_renewal = lease_renewal
         self.max_processing_milli_seconds = max_processing_milli_seconds
-        self._keeper: Optional[LeaseKeeper] = None
-        self._keeper_lock = threading.Lock()
+        self.metrics = metrics
 
     # -- factories (the Java names) ------------------------------------------------------
 
     @classmethod
     def enable_dedup_consume_config(
-        cls, application_name: str, client: Any, **options: Any
+        cls, application_name: str, client: Any, *, check_store: bool = True, **options: Any
     ) -> DedupConfig:
         """Dedup with records in ``client``'s store.
 
-        :param client: a ``redis.Redis`` / ``redis.RedisCluster``; a zero-argument callable
-            returning a new MySQL DB-API connection (e.g. ``functools.partial(MySQLdb.connect,
-            ...)``); or a store object (a :class:`DedupStore`, or any object with ``claim``,
-            ``mark_consumed`` and ``release``).
-        :param options: the settings above, plus ``table_name`` (MySQL) or ``key_prefix``
-            (Redis).
+        :param client: a ``redis.Redis`` / ``redis.RedisCluster`` (also from a Sentinel's
+            ``master_for``); a zero-argument callable returning a new MySQL DB-API connection
+            (e.g. ``functools.partial(MySQLdb.connect, ...)``); or a store object (a
+            :class:`DedupStore`, or any object with ``claim``, ``mark_consumed`` and
+            ``release``).
+        :param check_store: reach the store once now (Redis ``PING``; MySQL connect and
+            ``SELECT 1``) and raise :class:`DedupConfigError` naming its address if that fails,
+            so a wrong address is found at start-up. ``False`` starts without the store (the
+            ``store_failure_policy`` then applies per message until it is reachable).
+        :param options: the settings above, plus the store's: ``table_name`` and ``pool_size``
+            (MySQL), ``key_prefix`` (Redis).
         """
-        unknown = set(options) - _COMMON_OPTIONS - {"table_name", "key_prefix"}
+        unknown = set(options) - _SETTINGS - STORE_OPTIONS
         if unknown:
             raise DedupConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
-        table_name = options.pop("table_name", None)
-        key_prefix = options.pop("key_prefix", None)
-        store = _make_store(client, table_name, key_prefix)
-        return cls(application_name, store, **options)
+        if not isinstance(check_store, bool):
+            raise DedupConfigError(f"check_store must be True or False; got {check_store!r}")
+        store_options = {k: v for k, v in options.items() if k in STORE_OPTIONS}
+        store = make_store(client, **store_options)
+        settings = {k: v for k, v in options.items() if k in _SETTINGS}
+        config = cls(application_name, store, **settings)  # settings fail before any I/O
+        if check_store:
+            try:
+                store.check()
+            except StoreError as exc:
+                raise DedupConfigError(
+                    f"the dedup store {store.describe()} is not usable: {exc.__cause__ or exc}; "
+                    "fix the address, or pass check_store=False to start without it"
+                ) from exc
+        return config
 
     @classmethod
     def disable_dedup_consume_config(cls, application_name: str) -> DedupConfig:
         """Dedup off: every message goes to the handler, no store I/O."""
         return cls(application_name, None, enabled=False)
 
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connections the store opened itself (never the user's client). The store
+        reconnects if it is used again."""
+        if self.persist is not None:
+            self.persist.close()
+
+    def __enter__(self) -> DedupConfig:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     # -- validated settings --------------------------------------------------------------
 
     @property
     def dedup_processing_expire_milli_seconds(self) -> float:
-        return self._lease_ms_setting
+        """The CONSUMING lease, in milliseconds."""
+        return self._lease_setting
 
     @dedup_processing_expire_milli_seconds.setter
     def dedup_processing_expire_milli_seconds(self, value: float) -> None:
-        self._lease_ms_setting = _positive("dedup_processing_expire_milli_seconds", value)
-        self.lease_ms = max(1, round(self._lease_ms_setting))
+        self._lease_ms = _duration_ms("dedup_processing_expire_milli_seconds", value, 1)
+        self._lease_setting = value
 
     @property
     def dedup_record_reserve_minutes(self) -> float:
-        return self._retention_minutes_setting
+        """How long a CONSUMED record is kept, in minutes."""
+        return self._retention_setting
 
     @dedup_record_reserve_minutes.setter
     def dedup_record_reserve_minutes(self, value: float) -> None:
-        self._retention_minutes_setting = _positive("dedup_record_reserve_minutes", value)
-        self.retention_ms = max(1, round(self._retention_minutes_setting * 60_000))
+        self._retention_ms = _duration_ms("dedup_record_reserve_minutes", value, 60_000)
+        self._retention_setting = value
 
     @property
     def max_processing_milli_seconds(self) -> float:
+        """No lease renewal past this long after the claim, in milliseconds."""
         return self._max_processing_setting
 
     @max_processing_milli_seconds.setter
     def max_processing_milli_seconds(self, value: float) -> None:
-        self._max_processing_setting = _positive("max_processing_milli_seconds", value)
-        self.max_processing_ms = max(1, round(value))
+        self._max_processing_ms = _duration_ms("max_processing_milli_seconds", value, 1)
+        self._max_processing_setting = value
 
-    def lease_keeper(self) -> Optional[LeaseKeeper]:
-        """The lease keeper for the current settings, or None when renewal is off or the
-        store cannot renew."""
-        if not (self.enabled and self.lease_renewal and self.persist is not None):
-            return None
-        if not self.persist.supports_renewal:
-            return None
-        keeper = self._keeper
-        if not self._keeper_fits(keeper):
-            with self._keeper_lock:
-                keeper = self._keeper
-                if not self._keeper_fits(keeper):
-                    keeper = LeaseKeeper(self.persist, self.lease_ms, self.max_processing_ms)
-                    self._keeper = keeper
-        return keeper
+    @property
+    def lease_renewal(self) -> bool:
+        """Whether the leases of running handlers are renewed."""
+        return self._lease_renewal
 
-    def _keeper_fits(self, keeper: Optional[LeaseKeeper]) -> bool:
-        return (
-            keeper is not None
-            and keeper.lease_ms == self.lease_ms
-            and keeper.max_processing_ms == self.max_processing_ms
-        )
+    @lease_renewal.setter
+    def lease_renewal(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise DedupConfigError(f"lease_renewal must be True or False; got {value!r}")
+        self._lease_renewal = value
+
+    @property
+    def metrics(self) -> Optional[DedupMetrics]:
+        """Where decisions and timings are reported (None: nowhere)."""
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, value: Optional[DedupMetrics]) -> None:
+        if value is not None and not all(
+            callable(getattr(value, name, None)) for name in _METRICS_METHODS
+        ):
+            raise DedupConfigError(
+                f"metrics must be None or a rocketmq_dedup.metrics.DedupMetrics (methods "
+                f"{', '.join(_METRICS_METHODS)}); got {type(value).__qualname__}"
+            )
+        self._metrics = value
 
     @property
     def store_failure_policy(self) -> StoreFailurePolicy:
+        """What a message gets when the store is unavailable."""
         return self._policy
 
     @store_failure_policy.setter
@@ -173,42 +226,41 @@ class DedupConfig:
                 f"store_failure_policy must be one of {choices}; got {value!r}"
             ) from None
 
+    # The settings in whole milliseconds, as the stores take them (read on every message, so
+    # a setting assigned later applies to the next message).
+
+    @property
+    def lease_ms(self) -> int:
+        """``dedup_processing_expire_milli_seconds`` in whole milliseconds."""
+        return self._lease_ms
+
+    @property
+    def retention_ms(self) -> int:
+        """``dedup_record_reserve_minutes`` in whole milliseconds."""
+        return self._retention_ms
+
+    @property
+    def max_processing_ms(self) -> int:
+        """``max_processing_milli_seconds`` in whole milliseconds."""
+        return self._max_processing_ms
+
     def __repr__(self) -> str:
+        store = self.persist.describe() if self.persist is not None else None
         return (
             f"DedupConfig(application_name={self.application_name!r}, enabled={self.enabled}, "
-            f"persist={type(self.persist).__name__}, lease_ms={self.lease_ms}, "
-            f"retention_ms={self.retention_ms}, store_failure_policy={self._policy.value!r})"
+            f"persist={store!r}, lease_ms={self._lease_ms}, retention_ms={self._retention_ms}, "
+            f"store_failure_policy={self._policy.value!r})"
         )
 
 
-def _positive(name: str, value: Any) -> float:
+def _duration_ms(name: str, value: Any, unit_ms: int) -> int:
+    """``value`` (in units of ``unit_ms``) as whole milliseconds, validated."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DedupConfigError(f"{name} must be a number; got {value!r}")
     if not math.isfinite(value) or value <= 0:
         raise DedupConfigError(f"{name} must be positive and finite; got {value!r}")
-    return value
-
-
-def _make_store(client: Any, table_name: Optional[str], key_prefix: Optional[str]) -> DedupStore:
-    if client is None:
+    if value * unit_ms > MAX_DURATION_MS:
         raise DedupConfigError(
-            "client is None: pass a redis client, a MySQL connection factory or a store; "
-            "use disable_dedup_consume_config(name) to turn dedup off"
+            f"{name} must be at most {MAX_DURATION_MS // unit_ms:,} (100 years); got {value!r}"
         )
-    if is_redis_client(client):
-        if table_name is not None:
-            raise DedupConfigError("table_name applies to the MySQL store, not to Redis")
-        return RedisDedupStore(client, DEFAULT_KEY_PREFIX if key_prefix is None else key_prefix)
-    if table_name is None and key_prefix is None and isinstance(client, DedupStore):
-        return client
-    if table_name is None and key_prefix is None and looks_like_store(client):
-        return ForeignStore(client)
-    if key_prefix is not None:
-        raise DedupConfigError("key_prefix applies to the Redis store only")
-    if callable(client):
-        return MySQLDedupStore(client, DEFAULT_TABLE_NAME if table_name is None else table_name)
-    raise DedupConfigError(
-        f"unsupported client {type(client).__module__}.{type(client).__qualname__}: expected "
-        "redis.Redis/RedisCluster, a zero-argument callable returning a new MySQL DB-API "
-        "connection (e.g. functools.partial(MySQLdb.connect, ...)), or a store object"
-    )
+    return max(1, round(value * unit_ms))

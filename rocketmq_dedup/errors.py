@@ -12,10 +12,19 @@ class DedupConfigError(DedupError, ValueError):
 
 
 class StoreError(DedupError):
-    """The dedup record store failed (connection lost, timeout, SQL or Redis error).
+    """The dedup record store could not do an operation, for a reason that is not an outage: a
+    missing table, a driver used in a way the store does not support, a bug. The listener logs
+    it at ERROR and answers RECONSUME_LATER (never "consume without dedup").
 
-    The driver's exception is chained as ``__cause__``.
+    The original exception is chained as ``__cause__``.
     """
+
+
+class StoreUnavailableError(StoreError):
+    """The store is unreachable or failed as a server: connection refused or lost, a timeout,
+    a server-side error (PEP 249 ``OperationalError``/``InterfaceError``; redis-py
+    ``ConnectionError``, ``TimeoutError`` and error replies). The listener applies the
+    config's ``store_failure_policy``."""
 
 
 class MissingExtraError(DedupError, ImportError):

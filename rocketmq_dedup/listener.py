@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, List, Optional, Sequence
+import threading
+from typing import Any, Iterable, List, Optional, TypeVar
 
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.message import message_id
-from rocketmq_dedup.status import ConsumeStatus
-from rocketmq_dedup.strategy import BatchResult, DedupStrategy
+from rocketmq_dedup.status import ConsumeStatus, DedupStatus
+from rocketmq_dedup.strategy import BatchResult, make_strategy
 
 logger = logging.getLogger(__name__)
+
+L = TypeVar("L", bound="DedupConcurrentListener")
 
 
 class DedupConcurrentListener(abc.ABC):
@@ -27,34 +30,53 @@ class DedupConcurrentListener(abc.ABC):
 
     def __init__(self, dedup_config: Optional[DedupConfig] = None) -> None:
         self.dedup_config = dedup_config
-        self._strategy = DedupStrategy(dedup_config)
+        hook = self.on_duplicate
+        overridden = type(self).on_duplicate is not DedupConcurrentListener.on_duplicate
+        self._strategy = make_strategy(dedup_config, hook if overridden else None)
         if dedup_config is None:
             logger.info("%s has no DedupConfig: dedup is disabled", type(self).__name__)
 
     @abc.abstractmethod
-    def do_handle_msg(self, msg: Any) -> bool:
-        """The business logic. Return True when the message is handled; return False or raise
-        to have the broker redeliver it later. Receives the client's own message object."""
+    def do_handle_msg(self, msg: Any) -> Any:
+        """The business logic. Receives the client's own message object.
 
-    def dedup_message_key(self, msg: Any) -> Optional[str]:
+        Return ``True`` (or a client's success value: ``ConsumeStatus.CONSUME_SUCCESS``,
+        5.x ``ConsumeResult.SUCCESS``) when the message is handled. Return ``False``, ``None``
+        (or ``ConsumeStatus.RECONSUME_LATER`` / ``ConsumeResult.FAILURE``) or raise to have the
+        broker redeliver it later. Any other value is logged as an error and retried.
+        """
+
+    def dedup_message_key(self, msg: Any) -> Any:
         """The dedup key of ``msg``: the ``UNIQ_KEY`` property, else the message id.
 
-        Override to dedup on a business key (recommended when producers may resend). Return
-        None to consume the message without dedup.
+        Override to dedup on a business key (recommended when producers may resend): a str,
+        bytes or int (or a float, bool, tuple, or an object with its own ``__str__``). Return
+        None to consume the message without dedup. A value whose text is its memory address
+        (a plain ``object()``), a set or a dict is refused: the message is retried later and an
+        error is logged.
         """
         return message_id(msg)
 
+    def on_duplicate(self, msg: Any, status: DedupStatus) -> None:  # noqa: B027 - optional hook
+        """Called for every message answered without running the handler because of its
+        record: ``DedupStatus.CONSUMED`` (acked as a duplicate) or ``DedupStatus.CONSUMING``
+        (still in another consumer's handler: RECONSUME_LATER). Does nothing by default;
+        override it to count or log replays. An exception raised here is logged and changes
+        nothing."""
+
     def __call__(self, msg: Any) -> ConsumeStatus:
-        """Consume one message; never raises."""
+        """Consume one message; never raises into a client's callback (see :meth:`close`)."""
         try:
-            return self._strategy.consume(msg, self.dedup_message_key, self.do_handle_msg)
-        except Exception:  # a bug in this library must not ack the message
-            logger.exception("unexpected error in the dedup listener; consume later")
+            return self._strategy.consume_each((msg,), self.dedup_message_key, self.do_handle_msg)[
+                0
+            ]
+        except BaseException as exc:
+            _contain(exc, "the message")
             return ConsumeStatus.RECONSUME_LATER
 
     consume = __call__
 
-    def consume_message(self, msgs: Sequence[Any]) -> BatchResult:
+    def consume_message(self, msgs: Iterable[Any]) -> BatchResult:
         """Consume a batch in order, stopping at the first message that is not consumed.
 
         Returns ``BatchResult(status, ack_index)``: ``status`` is CONSUME_SUCCESS when every
@@ -63,16 +85,58 @@ class DedupConcurrentListener(abc.ABC):
         """
         try:
             return self._strategy.consume_batch(msgs, self.dedup_message_key, self.do_handle_msg)
-        except Exception:
-            logger.exception("unexpected error in the dedup listener; consume the batch later")
+        except BaseException as exc:
+            _contain(exc, "the batch")
             return BatchResult(ConsumeStatus.RECONSUME_LATER, -1)
 
-    def consume_each(self, msgs: Sequence[Any]) -> List[ConsumeStatus]:
+    def consume_each(self, msgs: Iterable[Any]) -> List[ConsumeStatus]:
         """Consume every message of ``msgs`` independently (a failure does not stop the
         others) and return each one's status; the store is called once per phase for the
-        whole batch. For consumers that ack message by message (5.x ``SimpleConsumer``)."""
+        whole batch. For consumers that ack message by message (5.x ``SimpleConsumer``).
+
+        ``msgs`` may be any iterable; it is read once, before anything is claimed. If reading
+        it fails, nothing is claimed and the result is empty (nothing is acked). Never raises.
+        """
+        batch: List[Any] = []
         try:
-            return self._strategy.consume_each(msgs, self.dedup_message_key, self.do_handle_msg)
-        except Exception:
-            logger.exception("unexpected error in the dedup listener; consume the batch later")
-            return [ConsumeStatus.RECONSUME_LATER] * len(msgs)
+            batch = list(msgs)
+            return self._strategy.consume_each(batch, self.dedup_message_key, self.do_handle_msg)
+        except BaseException as exc:
+            _contain(exc, "the batch")
+            return [ConsumeStatus.RECONSUME_LATER] * len(batch)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop this listener's lease renewal and close the connections its config's store
+        opened (never the user's client; the store reconnects if used again). Also on
+        ``with listener:`` exit. A listener that is only dropped leaves no thread either."""
+        self._strategy.close()
+        if self.dedup_config is not None:
+            self.dedup_config.close()
+
+    def __enter__(self: L) -> L:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _contain(exc: BaseException, what: str) -> None:
+    """Decide what an exception that reached a listener entry point does. Claims were already
+    released and their renewal stopped (the strategy cleans up in ``finally``).
+
+    A client calls the listener from its own threads (the classic client from native threads
+    through ctypes, where an escaping exception acks the message), so the exception is logged
+    and the message answered RECONSUME_LATER. The one exception: ``KeyboardInterrupt`` and
+    ``SystemExit`` on the main thread, where Python delivers Ctrl-C and where no client runs
+    callbacks, are re-raised so the program can stop."""
+    if isinstance(exc, Exception):
+        logger.exception("unexpected error in the dedup listener; %s will be consumed later", what)
+        return
+    if (
+        isinstance(exc, (KeyboardInterrupt, SystemExit))
+        and threading.current_thread() is threading.main_thread()
+    ):
+        raise exc
+    logger.error("do_handle_msg raised %s; %s will be consumed later", type(exc).__name__, what)

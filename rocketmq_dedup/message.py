@@ -80,6 +80,20 @@ def reconsume_times(msg: Any) -> int:
     return max(int(attempt) - 1, 0) if attempt is not None else 0
 
 
+def encode_text(text: str) -> bytes:
+    """``text`` as bytes, for record keys and digests: UTF-8, any code point included.
+
+    Bytes keys reach this as ``surrogateescape`` text (see :func:`to_text`) and come back as
+    the same bytes. A lone surrogate outside that range (e.g. from ``json.loads`` of a broken
+    ``"\\ud83d"``) is written as its 3-byte sequence (``surrogatepass``). The mapping is
+    injective on text, so distinct keys never share a record.
+    """
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
 class DedupElement(NamedTuple):
     """What identifies a message for dedup: (application, topic, tag, key).
 
@@ -95,16 +109,28 @@ class DedupElement(NamedTuple):
         """SHA-256 over the length-prefixed UTF-8 fields: 32 bytes, collision-free in practice."""
         parts = []
         for field in self:
-            data = field.encode("utf-8", "surrogateescape")
+            data = encode_text(field)
             parts.append(len(data).to_bytes(8, "big"))
             parts.append(data)
         return hashlib.sha256(b"".join(parts)).digest()
 
 
+#: Elements longer than this (all fields, in characters) are never cached: the caches hold
+#: at most 256 of them, so they stay under a few hundred KiB whatever the keys are.
+CACHEABLE_ELEMENT_CHARS = 1024
+
+
 @functools.lru_cache(maxsize=256)
-def element_digest(element: DedupElement) -> bytes:
-    """``element.digest()``, cached: a message's claim and its mark need the same digest."""
+def _cached_digest(element: DedupElement) -> bytes:
     return element.digest()
+
+
+def element_digest(element: DedupElement) -> bytes:
+    """``element.digest()``, cached for small elements: a message's claim and its mark need the
+    same digest."""
+    if sum(map(len, element)) > CACHEABLE_ELEMENT_CHARS:
+        return element.digest()
+    return _cached_digest(element)
 
 
 _ESCAPES = {ord("%"): "%25", ord(":"): "%3A", ord("{"): "%7B", ord("}"): "%7D"}

@@ -1,32 +1,50 @@
-"""The dedup decisions, per message and per batch. Stores only do I/O; this module decides.
+"""The dedup decisions, for a batch of messages (one message is a batch of one). Stores only do
+I/O; this module decides.
 
 Per message::
 
-    key None/""      -> run the handler, no dedup ("" also logs a warning)
-    claim taken      -> run the handler -> True: mark CONSUMED, CONSUME_SUCCESS
-                                        -> False/raises: release the claim, RECONSUME_LATER
-    CONSUMED record  -> CONSUME_SUCCESS without the handler (a duplicate)
-    CONSUMING record -> RECONSUME_LATER (the broker redelivers it later)
-    store failure    -> the store_failure_policy: run without dedup, or RECONSUME_LATER
+    key None/""          -> run the handler, no dedup ("" also logs a warning)
+    key refused/raised   -> RECONSUME_LATER, an ERROR logged (never keyed by accident)
+    claim taken          -> run the handler -> success: mark CONSUMED, CONSUME_SUCCESS
+                                            -> retry/raises: release the claim, RECONSUME_LATER
+    CONSUMED record      -> CONSUME_SUCCESS without the handler (a duplicate)
+    CONSUMING record     -> RECONSUME_LATER (the broker redelivers it later)
+    store unavailable    -> the store_failure_policy: run without dedup, or RECONSUME_LATER
+    store error (a bug)  -> RECONSUME_LATER, an ERROR logged
+
+What a handler's return value means is :func:`handler_status`; which keys are accepted is
+:func:`key_text`.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import os
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, List, NamedTuple, Optional, TypeVar
 
+from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.config import DedupConfig
-from rocketmq_dedup.errors import StoreError
+from rocketmq_dedup.errors import StoreError, StoreUnavailableError
+from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
 from rocketmq_dedup.message import DedupElement, message_tag, message_topic, to_text
+from rocketmq_dedup.metrics import Decision, DedupMetrics, Outcome, StoreOp
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, StoreFailurePolicy
-from rocketmq_dedup.stores.base import ClaimResult
+from rocketmq_dedup.stores.base import ClaimResult, DedupStore
 
 logger = logging.getLogger(__name__)
 
 KeyFunction = Callable[[Any], Any]
 Handler = Callable[[Any], Any]
+DuplicateHook = Callable[[Any, DedupStatus], None]
+T = TypeVar("T")
+
+SUCCESS = ConsumeStatus.CONSUME_SUCCESS
+LATER = ConsumeStatus.RECONSUME_LATER
 
 
 class BatchResult(NamedTuple):
@@ -41,6 +59,83 @@ class BatchResult(NamedTuple):
     def consumed(self) -> int:
         """How many messages, from the start of the batch, were consumed."""
         return self.ack_index + 1
+
+
+# -- what handlers return and what keys are ----------------------------------------------------
+
+#: Enum members of the clients that mean success or retry, by (enum class name, member name):
+#: this library's and the classic client's ConsumeStatus, the 5.x client's ConsumeResult.
+_CLIENT_STATUSES = {
+    ("ConsumeStatus", "CONSUME_SUCCESS"): SUCCESS,
+    ("ConsumeResult", "SUCCESS"): SUCCESS,
+    ("ConsumeStatus", "RECONSUME_LATER"): LATER,
+    ("ConsumeResult", "FAILURE"): LATER,
+}
+
+
+def handler_status(result: Any) -> Optional[ConsumeStatus]:
+    """What a handler's return value means: ``True`` and every client's success value
+    (``ConsumeStatus.CONSUME_SUCCESS``, 5.x ``ConsumeResult.SUCCESS``) -> CONSUME_SUCCESS;
+    ``False``, ``None`` and every client's retry value -> RECONSUME_LATER; anything else -> None
+    (the caller logs an error and retries). No truthiness: ``ConsumeStatus.RECONSUME_LATER``
+    is 1, and ``CONSUME_SUCCESS`` is 0."""
+    if result is True:
+        return SUCCESS
+    if result is False or result is None:
+        return LATER
+    if isinstance(result, enum.Enum):
+        return _CLIENT_STATUSES.get((type(result).__name__, result.name))
+    return None
+
+
+class KeyRefused(TypeError):
+    """A dedup key whose text would not identify the message (e.g. ``object()``'s address)."""
+
+
+_PLAIN_KEY_TYPES = (bool, int, float)
+
+
+def key_text(raw: Any) -> str:
+    """The text a dedup key is stored under.
+
+    ``str`` as it is (any code point); ``bytes`` decoded as UTF-8 with ``surrogateescape`` (so
+    ``b"k"`` and ``"k"`` are the same key); ``int``, ``float`` and ``bool`` as ``str()`` gives
+    them; tuples and lists of keys as their ``str()``; other objects by their ``str()`` only
+    when their class defines ``__str__`` or ``__repr__``. Raises :class:`KeyRefused` for a value
+    whose text is its identity (the default ``object`` repr, a memory address that another
+    message may reuse) and for sets and dicts (their text order is not stable across
+    processes)."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        return to_text(raw)
+    _check_value_based(raw)
+    return str(raw)
+
+
+def _check_value_based(value: Any) -> None:
+    if isinstance(value, (str, bytes, bytearray, memoryview, *_PLAIN_KEY_TYPES)):
+        return
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            _check_value_based(item)
+        return
+    if isinstance(value, (set, frozenset, dict)):
+        raise KeyRefused(
+            f"a {type(value).__name__} is not a dedup key: its text order differs between "
+            "processes; return one element, or a sorted tuple of them"
+        )
+    kind = type(value)
+    own_text = any("__str__" in vars(c) or "__repr__" in vars(c) for c in kind.__mro__[:-1])
+    if not own_text:
+        raise KeyRefused(
+            f"a {kind.__module__}.{kind.__qualname__} is not a dedup key: its text is its memory "
+            "address, which another message may reuse; return a str, bytes or int, or define "
+            "__str__ on the class"
+        )
+
+
+# -- owner tokens --------------------------------------------------------------------------------
 
 
 class _OwnerTokens:
@@ -62,210 +157,274 @@ class _OwnerTokens:
 new_owner_token = _OwnerTokens()
 
 
-class _Claim:
-    """One batch member's claim and whether its handler succeeded."""
-
-    __slots__ = ("element", "owner", "result", "succeeded")
-
-    def __init__(self, element: DedupElement, owner: str, result: ClaimResult) -> None:
-        self.element = element
-        self.owner = owner
-        self.result = result
-        self.succeeded = False
+# -- strategies ----------------------------------------------------------------------------------
 
 
-class _NoDedup(Exception):
-    """The message is consumed without dedup (key None or empty)."""
-
-
-_KEY_FAILED = object()  # marks a batch member whose dedup_message_key raised
-
-
-class DedupStrategy:
-    """Applies a :class:`DedupConfig` to messages; holds no per-message state."""
-
-    def __init__(self, config: Optional[DedupConfig]) -> None:
-        self.config = config
-
-    # -- single message ------------------------------------------------------------------
-
-    def consume(self, msg: Any, key_function: KeyFunction, handler: Handler) -> ConsumeStatus:
-        """Dedup and handle one message; never raises."""
-        config = self.config
-        if config is None or not config.enabled:
-            return _run(handler, msg)
-        try:
-            element = self.element(msg, key_function)
-        except _NoDedup:
-            return _run(handler, msg)
-        except Exception:
-            logger.exception("dedup_message_key failed; the message will be consumed later")
-            return ConsumeStatus.RECONSUME_LATER
-        assert config.persist is not None
-        owner = new_owner_token()
-        try:
-            claim = config.persist.claim(element, owner, config.lease_ms)
-        except StoreError as exc:
-            if self._policy_consumes(exc, 1):
-                return _run(handler, msg)
-            return ConsumeStatus.RECONSUME_LATER
-        if not claim.claimed:
-            answer = _duplicate_status(element, claim)
-            return _run(handler, msg) if answer is None else answer
-        logger.debug("claimed %r as %s", element, owner)
-        keeper = config.lease_keeper()
-        if keeper is not None:
-            keeper.hold([element], [owner])
-        status = _run(handler, msg)
-        if keeper is not None:
-            keeper.drop([owner])
-        if status is ConsumeStatus.CONSUME_SUCCESS:
-            self._mark_consumed([element], [owner])
-        else:
-            self._release([element], [owner])
-        return status
-
-    # -- batch ---------------------------------------------------------------------------
-
-    def consume_batch(
-        self, msgs: Sequence[Any], key_function: KeyFunction, handler: Handler
-    ) -> BatchResult:
-        """Dedup and handle ``msgs`` in order, stopping at the first message that is not
-        consumed (the Java listener's batch semantics). Never raises."""
-        statuses = self.consume_each(msgs, key_function, handler, stop_at_failure=True)
-        consumed = next(
-            (i for i, s in enumerate(statuses) if s is not ConsumeStatus.CONSUME_SUCCESS),
-            len(statuses),
-        )
-        status = (
-            ConsumeStatus.CONSUME_SUCCESS
-            if consumed == len(msgs)
-            else ConsumeStatus.RECONSUME_LATER
-        )
-        return BatchResult(status, consumed - 1)
+class Strategy:
+    """How a listener consumes messages. :meth:`consume_each` is the one decision path; a
+    single message and a stop-at-first-failure batch are its special cases."""
 
     def consume_each(
         self,
-        msgs: Sequence[Any],
+        msgs: Iterable[Any],
         key_function: KeyFunction,
         handler: Handler,
         stop_at_failure: bool = False,
     ) -> List[ConsumeStatus]:
-        """Dedup and handle ``msgs`` in order; return each message's status. Claims, CONSUMED
-        marks and releases take one store call each for the whole batch. With
-        ``stop_at_failure`` the messages after the first one not consumed are not attempted
-        (RECONSUME_LATER). Never raises."""
-        config = self.config
-        if config is None or not config.enabled:
-            return _run_each(msgs, handler, stop_at_failure)
-        assert config.persist is not None
-        elements: List[Any] = []  # DedupElement, None (no dedup) or _KEY_FAILED
-        for msg in msgs:
-            try:
-                elements.append(self.element(msg, key_function))
-            except _NoDedup:
-                elements.append(None)
-            except Exception:
-                logger.exception("dedup_message_key failed; the message will be consumed later")
-                elements.append(_KEY_FAILED)
-        keyed = [(i, e) for i, e in enumerate(elements) if isinstance(e, DedupElement)]
-        owners = [new_owner_token() for _ in keyed]
+        """Consume ``msgs`` (any iterable; read once, before anything else happens) and return
+        each one's status. With ``stop_at_failure``, messages after the first one not consumed
+        are not handled (RECONSUME_LATER). Raises only what a handler raised that is not an
+        ``Exception`` (KeyboardInterrupt, SystemExit, CancelledError), after cleaning up."""
+        return run_handlers(list(msgs), handler, stop_at_failure)
+
+    def consume_batch(
+        self, msgs: Iterable[Any], key_function: KeyFunction, handler: Handler
+    ) -> BatchResult:
+        """Consume ``msgs`` in order, stopping at the first message that is not consumed (the
+        Java listener's batch semantics)."""
+        statuses = self.consume_each(msgs, key_function, handler, stop_at_failure=True)
+        consumed = next((i for i, s in enumerate(statuses) if s is not SUCCESS), len(statuses))
+        status = SUCCESS if consumed == len(statuses) else LATER
+        return BatchResult(status, consumed - 1)
+
+    def close(self) -> None:
+        """Stop background work (lease renewal)."""
+
+
+class PassThroughStrategy(Strategy):
+    """Dedup disabled: every message goes to the handler, no store I/O."""
+
+
+class _Delivery:
+    """One message of a batch on its way through the decision path."""
+
+    __slots__ = ("element", "handler_seconds", "msg", "outcome", "owner", "position", "status")
+
+    def __init__(self, position: int, msg: Any) -> None:
+        self.position = position  # in the batch, and so in the statuses
+        self.msg = msg
+        self.element: Optional[DedupElement] = None  # None: consumed without dedup
+        self.owner: Optional[str] = None  # set while this delivery owns a claim
+        self.status: Optional[ConsumeStatus] = None  # decided without the handler
+        self.outcome: Optional[Outcome] = None  # for metrics; set once decided
+        self.handler_seconds: Optional[float] = None  # timed only with metrics
+
+
+class DedupStrategy(Strategy):
+    """Applies a :class:`DedupConfig` to messages; holds no per-message state."""
+
+    def __init__(self, config: DedupConfig, on_duplicate: Optional[DuplicateHook] = None) -> None:
+        if config.persist is None:
+            raise ValueError("DedupStrategy needs a config with a store")
+        self.config = config
+        self.store: DedupStore = config.persist
+        self.on_duplicate = on_duplicate
+        self._keeper: Optional[LeaseKeeper] = None
+        self._keeper_lock = threading.Lock()
+        self._log = RateLimitedLog(logger)
+
+    def consume_each(
+        self,
+        msgs: Iterable[Any],
+        key_function: KeyFunction,
+        handler: Handler,
+        stop_at_failure: bool = False,
+    ) -> List[ConsumeStatus]:
+        metrics = self.config.metrics
+        started = time.time_ns() if metrics is not None else 0
+        deliveries = [_Delivery(i, msg) for i, msg in enumerate(msgs)]
+        keyed = [d for d in deliveries if self._key(d, key_function)]
+        owned = self._claim(keyed) if keyed else []
+        keeper = self._lease_keeper() if owned else None
+        if keeper is not None:
+            keeper.hold([d.element for d in owned], [d.owner for d in owned])  # type: ignore[misc]
+        statuses: List[ConsumeStatus] = []
         try:
-            results = config.persist.claim_many([e for _, e in keyed], owners, config.lease_ms)
-        except StoreError as exc:
-            if self._policy_consumes(exc, len(keyed)):
-                return _run_each(msgs, handler, stop_at_failure)
-            return [ConsumeStatus.RECONSUME_LATER] * len(msgs)
-        claims: Dict[int, _Claim] = {
-            i: _Claim(e, o, r) for (i, e), o, r in zip(keyed, owners, results)
-        }
-        owned = [c for c in claims.values() if c.result.claimed]
-        keeper = config.lease_keeper() if owned else None
-        if keeper is not None:
-            keeper.hold([c.element for c in owned], [c.owner for c in owned])
-
-        statuses = [ConsumeStatus.RECONSUME_LATER] * len(msgs)
-        for i, msg in enumerate(msgs):
-            claim = claims.get(i)
-            if elements[i] is _KEY_FAILED:
-                status = ConsumeStatus.RECONSUME_LATER
-            elif claim is not None and not claim.result.claimed:
-                answer = _duplicate_status(claim.element, claim.result)
-                status = _run(handler, msg) if answer is None else answer
-            else:  # claimed, or no key: run the handler
-                status = _run(handler, msg)
-                if claim is not None:
-                    claim.succeeded = status is ConsumeStatus.CONSUME_SUCCESS
-            statuses[i] = status
-            if stop_at_failure and status is not ConsumeStatus.CONSUME_SUCCESS:
-                break
-
-        if keeper is not None:
-            keeper.drop([c.owner for c in owned])
-        done = [c for c in owned if c.succeeded]
-        if done:
-            self._mark_consumed([c.element for c in done], [c.owner for c in done])
-        unfinished = [c for c in owned if not c.succeeded]
-        if unfinished:
-            self._release([c.element for c in unfinished], [c.owner for c in unfinished])
+            for delivery in deliveries:
+                status = delivery.status
+                if status is None:
+                    if metrics is None:
+                        status = run_handler(handler, delivery.msg)
+                    else:
+                        begin = time.perf_counter()
+                        status = run_handler(handler, delivery.msg)
+                        delivery.handler_seconds = time.perf_counter() - begin
+                    if delivery.owner is not None:
+                        delivery.outcome = Outcome.CONSUMED if status is SUCCESS else Outcome.FAILED
+                statuses.append(status)
+                if stop_at_failure and status is not SUCCESS:
+                    break
+        finally:  # whatever happened, no claim stays held or renewed by this call
+            if keeper is not None:
+                keeper.drop([d.owner for d in owned])  # type: ignore[misc]
+            if owned:
+                self._settle(owned, statuses)
+            if metrics is not None:
+                self._report(metrics, deliveries, len(statuses), started)
+        if len(statuses) < len(deliveries):  # stopped at a failure
+            statuses += [LATER] * (len(deliveries) - len(statuses))
         return statuses
 
-    # -- helpers -------------------------------------------------------------------------
+    # -- the steps -----------------------------------------------------------------------
 
-    def element(self, msg: Any, key_function: KeyFunction) -> DedupElement:
-        """The dedup element of ``msg``; raises ``_NoDedup`` when its key is None or ""."""
-        assert self.config is not None
-        raw_key = key_function(msg)
-        if raw_key is None:
-            logger.debug("dedup key is None; consuming without dedup")
-            raise _NoDedup
-        key = to_text(raw_key)
-        if not key:
-            logger.warning(
-                "dedup key is empty for a message of topic %r; consuming without dedup",
-                message_topic(msg),
+    def _key(self, delivery: _Delivery, key_function: KeyFunction) -> bool:
+        """Set ``delivery.element`` (or its status when the key is refused); True if keyed."""
+        msg = delivery.msg
+        try:
+            raw = key_function(msg)
+            if raw is None:
+                logger.debug("dedup key is None; consuming without dedup")
+                delivery.outcome = Outcome.NO_KEY
+                return False
+            key = key_text(raw)
+        except KeyRefused as exc:
+            self._log.log(logging.ERROR, "dedup_message_key: %s; consume later", exc)
+            delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
+            return False
+        except Exception:
+            self._log.log(
+                logging.ERROR,
+                "dedup_message_key raised; the message will be consumed later",
+                exc_info=True,
             )
-            raise _NoDedup
-        return DedupElement(self.config.application_name, message_topic(msg), message_tag(msg), key)
+            delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
+            return False
+        topic = message_topic(msg)
+        if not key:
+            self._log.log(
+                logging.WARNING,
+                "dedup key is empty for a message of topic %r; consuming without dedup",
+                topic,
+            )
+            delivery.outcome = Outcome.NO_KEY
+            return False
+        delivery.element = DedupElement(self.config.application_name, topic, message_tag(msg), key)
+        return True
 
-    def _policy_consumes(self, exc: StoreError, count: int) -> bool:
-        assert self.config is not None
-        if self.config.store_failure_policy is StoreFailurePolicy.CONSUME:
-            logger.warning(
-                "dedup store failed (%s); consuming %d message(s) WITHOUT dedup "
+    def _claim(self, keyed: List[_Delivery]) -> List[_Delivery]:
+        """Claim every keyed delivery in one store call; decide the answer of those not
+        claimed; return the ones this call owns."""
+        owners = [new_owner_token() for _ in keyed]
+        elements: List[DedupElement] = [d.element for d in keyed]  # type: ignore[misc]
+        try:
+            results = self._store_call(
+                StoreOp.CLAIM, self.store.claim_many, elements, owners, self.config.lease_ms
+            )
+        except StoreError as exc:
+            self._store_failed(keyed, exc)
+            return []
+        owned = []
+        for delivery, owner, result in zip(keyed, owners, results):
+            if result.claimed:
+                delivery.owner = owner
+                owned.append(delivery)
+            else:
+                delivery.status = self._duplicate_status(delivery, result)
+        return owned
+
+    def _store_failed(self, keyed: List[_Delivery], exc: StoreError) -> None:
+        if not isinstance(exc, StoreUnavailableError):
+            self._log.log(
+                logging.ERROR,
+                "dedup store error (%s); %d message(s) will be consumed later",
+                exc,
+                len(keyed),
+                exc_info=exc,
+            )
+        elif self.config.store_failure_policy is StoreFailurePolicy.CONSUME:
+            self._log.log(
+                logging.WARNING,
+                "dedup store unavailable (%s); consuming %d message(s) WITHOUT dedup "
                 "(store_failure_policy='consume')",
                 exc,
-                count,
+                len(keyed),
             )
-            return True
-        logger.warning(
-            "dedup store failed (%s); %d message(s) will be consumed later "
-            "(store_failure_policy='reconsume_later')",
-            exc,
-            count,
-        )
-        return False
-
-    def _mark_consumed(self, elements: List[DedupElement], owners: List[str]) -> None:
-        assert self.config is not None and self.config.persist is not None
-        try:
-            self.config.persist.mark_consumed_many(elements, owners, self.config.retention_ms)
-        except StoreError as exc:
-            # The handler succeeded: ack anyway. The claim expires after the lease, and a
-            # redelivery after that may run the handler again (at-least-once).
-            logger.error(
-                "handled %d message(s) but could not mark them CONSUMED (%s); acking anyway",
-                len(elements),
+            for delivery in keyed:
+                delivery.element, delivery.outcome = None, Outcome.STORE_ERROR_CONSUMED
+            return
+        else:
+            self._log.log(
+                logging.WARNING,
+                "dedup store unavailable (%s); %d message(s) will be consumed later "
+                "(store_failure_policy='reconsume_later')",
                 exc,
+                len(keyed),
             )
+        for delivery in keyed:
+            delivery.status, delivery.outcome = LATER, Outcome.STORE_ERROR_LATER
+
+    def _duplicate_status(self, delivery: _Delivery, claim: ClaimResult) -> Optional[ConsumeStatus]:
+        """The answer for a message whose claim was refused; None means "run the handler
+        without dedup" (a record this library cannot read, as the Java original does)."""
+        if claim.status is DedupStatus.CONSUMED:
+            logger.debug("%r already consumed; acking the duplicate", delivery.element)
+            delivery.outcome = Outcome.DUPLICATE_CONSUMED
+            self._duplicate(delivery, DedupStatus.CONSUMED)
+            return SUCCESS
+        if claim.status is DedupStatus.CONSUMING:
+            logger.debug("%r is being consumed elsewhere; consume later", delivery.element)
+            delivery.outcome = Outcome.DUPLICATE_IN_PROGRESS
+            self._duplicate(delivery, DedupStatus.CONSUMING)
+            return LATER
+        self._log.log(
+            logging.WARNING,
+            "%r has a record this library cannot read; consuming without dedup",
+            delivery.element,
+        )
+        delivery.outcome = Outcome.STORE_ERROR_CONSUMED
+        return None
+
+    def _duplicate(self, delivery: _Delivery, status: DedupStatus) -> None:
+        """Call the listener's ``on_duplicate`` hook; its exceptions are logged, no more."""
+        if self.on_duplicate is None:
+            return
+        try:
+            self.on_duplicate(delivery.msg, status)
+        except Exception:
+            self._log.log(logging.ERROR, "on_duplicate raised; ignored", exc_info=True)
+
+    def _settle(self, owned: List[_Delivery], statuses: List[ConsumeStatus]) -> None:
+        """Mark the claims whose handler succeeded CONSUMED; release the others (failed, not
+        reached, or interrupted). Never raises a StoreError."""
+        done: List[DedupElement] = []
+        done_owners: List[str] = []
+        undone: List[DedupElement] = []
+        undone_owners: List[str] = []
+        reached = len(statuses)
+        for delivery in owned:
+            if delivery.position < reached and statuses[delivery.position] is SUCCESS:
+                done.append(delivery.element)  # type: ignore[arg-type]
+                done_owners.append(delivery.owner)  # type: ignore[arg-type]
+            else:
+                undone.append(delivery.element)  # type: ignore[arg-type]
+                undone_owners.append(delivery.owner)  # type: ignore[arg-type]
+        if done:
+            try:
+                self._store_call(
+                    StoreOp.MARK_CONSUMED,
+                    self.store.mark_consumed_many,
+                    done,
+                    done_owners,
+                    self.config.retention_ms,
+                )
+            except StoreError as exc:
+                # The handler succeeded: ack anyway. The claim lapses after the lease, and a
+                # redelivery after that may run the handler again (at-least-once).
+                self._log.log(
+                    logging.ERROR,
+                    "handled %d message(s) but could not mark them CONSUMED (%s); acking anyway",
+                    len(done),
+                    exc,
+                )
+        if undone:
+            self._release(undone, undone_owners)
 
     def _release(self, elements: List[DedupElement], owners: List[str]) -> None:
-        assert self.config is not None and self.config.persist is not None
         try:
-            released = self.config.persist.release_many(elements, owners)
+            released = self._store_call(StoreOp.RELEASE, self.store.release_many, elements, owners)
         except StoreError as exc:
             # The retry finds the claim CONSUMING until the lease lapses, then runs.
-            logger.error("could not release %d claim(s) (%s)", len(elements), exc)
+            self._log.log(logging.ERROR, "could not release %d claim(s) (%s)", len(elements), exc)
             return
         if released < len(elements):
             logger.info(
@@ -274,40 +433,136 @@ class DedupStrategy:
                 len(elements),
             )
 
+    # -- metrics -------------------------------------------------------------------------
 
-def _run(handler: Handler, msg: Any) -> ConsumeStatus:
-    """Call the user's handler; True means success. Never raises."""
+    def _store_call(self, op: StoreOp, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, timed for the metrics when there are any."""
+        metrics = self.config.metrics
+        if metrics is None:
+            return fn(*args)
+        begin = time.perf_counter()
+        ok = False
+        try:
+            result = fn(*args)
+            ok = True
+            return result
+        finally:
+            seconds = time.perf_counter() - begin
+            try:
+                metrics.store_operation(self.config.application_name, op, seconds, ok)
+            except Exception:
+                self._metrics_failed()
+
+    def _report(
+        self, metrics: DedupMetrics, deliveries: List[_Delivery], reached: int, started: int
+    ) -> None:
+        """One decision per message that got an answer (those after a batch's first failure
+        are not counted: they are counted when they come back)."""
+        app = self.config.application_name
+        for delivery in deliveries[:reached]:
+            if delivery.outcome is None:
+                continue
+            msg, element = delivery.msg, delivery.element
+            topic = element.topic if element is not None else message_topic(msg)
+            try:
+                metrics.message(
+                    Decision(app, topic, delivery.outcome, msg, started, delivery.handler_seconds)
+                )
+            except Exception:
+                self._metrics_failed()
+
+    def _metrics_failed(self) -> None:
+        self._log.log(logging.ERROR, "the metrics object raised; ignored", exc_info=True)
+
+    def _on_renewal(self, renewed: int, lost: int, seconds: float, ok: bool) -> None:
+        metrics = self.config.metrics
+        if metrics is not None:
+            app = self.config.application_name
+            try:
+                metrics.store_operation(app, StoreOp.RENEW, seconds, ok)
+                metrics.leases(app, renewed, lost)
+            except Exception:
+                self._metrics_failed()
+
+    # -- lease keeper --------------------------------------------------------------------
+
+    def _lease_keeper(self) -> Optional[LeaseKeeper]:
+        """The keeper for the current settings, or None when renewal is off or the store
+        cannot renew."""
+        config = self.config
+        if not (config.lease_renewal and self.store.supports_renewal):
+            return None
+        keeper = self._keeper
+        lease_ms, max_ms = config.lease_ms, config.max_processing_ms
+        if keeper is None or (keeper.lease_ms, keeper.max_processing_ms) != (lease_ms, max_ms):
+            with self._keeper_lock:
+                old = self._keeper
+                if old is None or (old.lease_ms, old.max_processing_ms) != (lease_ms, max_ms):
+                    # The old keeper (settings changed) still renews what it holds until dropped.
+                    self._keeper = LeaseKeeper(
+                        self.store, lease_ms, max_ms, on_renewal=self._renewal_callback()
+                    )
+                keeper = self._keeper
+        return keeper
+
+    def _renewal_callback(self) -> RenewalCallback:
+        """The keeper's report callback; a weak reference, so the keeper (and its thread) never
+        keep this strategy alive."""
+        ref = weakref.ref(self)
+
+        def report(renewed: int, lost: int, seconds: float, ok: bool) -> None:
+            strategy = ref()
+            if strategy is not None:
+                strategy._on_renewal(renewed, lost, seconds, ok)
+
+        return report
+
+    def close(self) -> None:
+        with self._keeper_lock:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.close()
+
+
+def make_strategy(
+    config: Optional[DedupConfig], on_duplicate: Optional[DuplicateHook] = None
+) -> Strategy:
+    """The strategy for ``config``: dedup, or pass-through when it is None or disabled."""
+    if config is None or not config.enabled or config.persist is None:
+        return PassThroughStrategy()
+    return DedupStrategy(config, on_duplicate)
+
+
+# -- running handlers ----------------------------------------------------------------------------
+
+
+def run_handler(handler: Handler, msg: Any) -> ConsumeStatus:
+    """Call the user's handler and map its result (:func:`handler_status`). An ``Exception``
+    is logged and means RECONSUME_LATER; anything else a handler raises propagates."""
     try:
         result = handler(msg)
     except Exception:
         logger.exception("do_handle_msg raised; the message will be consumed later")
-        return ConsumeStatus.RECONSUME_LATER
-    if result is True:
-        return ConsumeStatus.CONSUME_SUCCESS
-    if result is None:
-        logger.warning("do_handle_msg returned None; return True on success, False to retry")
-    elif result:
-        return ConsumeStatus.CONSUME_SUCCESS
-    return ConsumeStatus.RECONSUME_LATER
+        return LATER
+    if result is True:  # the common case, before the general rule
+        return SUCCESS
+    status = handler_status(result)
+    if status is None:
+        logger.error(
+            "do_handle_msg returned %r (%s); return True on success and False to retry "
+            "(or a client's ConsumeStatus/ConsumeResult); the message will be consumed later",
+            result,
+            type(result).__name__,
+        )
+        return LATER
+    return status
 
 
-def _duplicate_status(element: DedupElement, claim: ClaimResult) -> Optional[ConsumeStatus]:
-    """The answer for a message whose claim was refused; None means "run the handler without
-    dedup" (a record this library cannot read, as the Java original does)."""
-    if claim.status is DedupStatus.CONSUMED:
-        logger.debug("%r already consumed; acking the duplicate", element)
-        return ConsumeStatus.CONSUME_SUCCESS
-    if claim.status is DedupStatus.CONSUMING:
-        logger.debug("%r is being consumed elsewhere; consume later", element)
-        return ConsumeStatus.RECONSUME_LATER
-    logger.warning("%r has a record this library cannot read; consuming without dedup", element)
-    return None
-
-
-def _run_each(msgs: Sequence[Any], handler: Handler, stop_at_failure: bool) -> List[ConsumeStatus]:
-    statuses = [ConsumeStatus.RECONSUME_LATER] * len(msgs)
+def run_handlers(msgs: List[Any], handler: Handler, stop_at_failure: bool) -> List[ConsumeStatus]:
+    """Run the handler on each message, without dedup."""
+    statuses = [LATER] * len(msgs)
     for i, msg in enumerate(msgs):
-        statuses[i] = _run(handler, msg)
-        if stop_at_failure and statuses[i] is not ConsumeStatus.CONSUME_SUCCESS:
+        statuses[i] = run_handler(handler, msg)
+        if stop_at_failure and statuses[i] is not SUCCESS:
             break
     return statuses

@@ -16,13 +16,15 @@ from rocketmq_dedup import (
     RedisDedupStore,
     StoreFailurePolicy,
 )
+from rocketmq_dedup.config import MAX_DURATION_MS
 from rocketmq_dedup.stores.foreign import ForeignStore
 from tests.support import mysql_connect
 
-REDIS = redis.Redis(port=1)  # never connected: configuration does no I/O
+REDIS = redis.Redis(port=1)  # never connected: with check_store=False configuration does no I/O
 
 
 def enable(client: Any, **options: Any) -> DedupConfig:
+    options.setdefault("check_store", False)
     return DedupConfig.enable_dedup_consume_config("app", client, **options)
 
 
@@ -76,11 +78,19 @@ def test_settings_are_attributes_and_accept_floats() -> None:
         (REDIS, {"dedup_record_reserve_minutes": "10"}, "must be a number"),
         (REDIS, {"dedup_record_reserve_minutes": True}, "must be a number"),
         (REDIS, {"store_failure_policy": "drop"}, "store_failure_policy"),
-        (REDIS, {"table_name": "t"}, "MySQL store"),
+        (REDIS, {"table_name": "t"}, "table_name do not apply to RedisDedupStore"),
         (REDIS, {"lease": 5}, "unknown option"),
         (functools.partial(int), {"table_name": "t; DROP TABLE x"}, "invalid table_name"),
         (functools.partial(int), {"table_name": ""}, "invalid table_name"),
-        (functools.partial(int), {"key_prefix": "x"}, "Redis store only"),
+        (functools.partial(int), {"key_prefix": "x"}, "key_prefix do not apply to MySQL"),
+        (MemoryDedupStore(), {"key_prefix": "x"}, "do not apply to a store object"),
+        (redis.Redis, {}, "redis.client.Redis"),  # the class, not a client
+        (REDIS, {"lease_renewal": "false"}, "lease_renewal must be True or False"),
+        (REDIS, {"lease_renewal": 0}, "lease_renewal must be True or False"),
+        (REDIS, {"dedup_processing_expire_milli_seconds": 1e20}, "at most"),
+        (REDIS, {"dedup_record_reserve_minutes": 1e17}, "at most"),
+        (REDIS, {"max_processing_milli_seconds": 1e20}, "at most"),
+        (REDIS, {"check_store": "no"}, "check_store must be True or False"),
     ],
 )
 def test_bad_configuration_fails_at_construction(client: Any, options: Any, message: str) -> None:
@@ -107,3 +117,56 @@ def test_disabled_config_has_no_store() -> None:
     """disable_dedup_consume_config -> enabled False and no store."""
     config = DedupConfig.disable_dedup_consume_config("app")
     assert (config.enabled, config.persist) == (False, None)
+
+
+def test_longest_durations_are_accepted() -> None:
+    """100 years is the bound: accepted for every duration, in whole milliseconds."""
+    config = enable(
+        MemoryDedupStore(),
+        dedup_processing_expire_milli_seconds=MAX_DURATION_MS,
+        dedup_record_reserve_minutes=MAX_DURATION_MS / 60_000,
+        max_processing_milli_seconds=MAX_DURATION_MS,
+    )
+    assert config.lease_ms == config.retention_ms == config.max_processing_ms == MAX_DURATION_MS
+
+
+@pytest.mark.parametrize("kind", ["redis", "mysql"])
+def test_unreachable_store_fails_at_construction_naming_its_address(kind: str) -> None:
+    """check_store (the default): a store that is not there is a DedupConfigError naming it."""
+    client = redis.Redis(port=1) if kind == "redis" else mysql_connect(port=1)
+    with pytest.raises(DedupConfigError, match=r"127\.0\.0\.1:1\b.*check_store=False"):
+        DedupConfig.enable_dedup_consume_config("app", client)
+
+
+def test_check_store_false_starts_without_the_store() -> None:
+    """check_store=False builds the config without reaching the store."""
+    config = DedupConfig.enable_dedup_consume_config("app", REDIS, check_store=False)
+    assert isinstance(config.persist, RedisDedupStore)
+
+
+def test_bad_option_is_reported_before_the_store_is_reached() -> None:
+    """Options are validated first: a bad option is named even when the store is down."""
+    with pytest.raises(DedupConfigError, match="store_failure_policy"):
+        DedupConfig.enable_dedup_consume_config("app", REDIS, store_failure_policy="drop")
+
+
+def test_reachable_stores_pass_the_check(redis_client: redis.Redis, mysql_table: str) -> None:
+    """Real Redis and MariaDB pass the start-up check; a missing MySQL table is fine there."""
+    assert DedupConfig.enable_dedup_consume_config("app", redis_client).persist is not None
+    config = DedupConfig.enable_dedup_consume_config(
+        "app", mysql_connect(), table_name="t_not_created_yet"
+    )
+    assert isinstance(config.persist, MySQLDedupStore)
+
+
+def test_config_closes_as_a_context_manager() -> None:
+    """``with config:`` closes its store on exit."""
+    closed = []
+
+    class Store(MemoryDedupStore):
+        def close(self) -> None:
+            closed.append(True)
+
+    with enable(Store()) as config:
+        assert config.persist is not None
+    assert closed == [True]

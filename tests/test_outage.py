@@ -16,8 +16,10 @@ from rocketmq_dedup import (
     DedupConfig,
     MemoryDedupStore,
     StoreError,
+    StoreUnavailableError,
 )
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.stores.base import ClaimResult
 from tests.support import ClassicMessage, mysql_connect
 
 CLOSED_PORT = 1  # nothing listens on 127.0.0.1:1
@@ -47,7 +49,9 @@ def test_outage_consumes_without_dedup_by_default(
     kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Default policy "consume": the handler runs (nothing is lost) and a warning is logged."""
-    listener = Counting(DedupConfig.enable_dedup_consume_config("app", unreachable_client(kind)))
+    listener = Counting(
+        DedupConfig.enable_dedup_consume_config("app", unreachable_client(kind), check_store=False)
+    )
     with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
         assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
         assert (
@@ -61,7 +65,7 @@ def test_outage_consumes_without_dedup_by_default(
 def test_outage_reconsume_later_policy_leaves_it_to_the_broker(kind: str) -> None:
     """Policy "reconsume_later": RECONSUME_LATER and the handler does not run."""
     config = DedupConfig.enable_dedup_consume_config(
-        "app", unreachable_client(kind), store_failure_policy="reconsume_later"
+        "app", unreachable_client(kind), store_failure_policy="reconsume_later", check_store=False
     )
     listener = Counting(config)
     assert listener(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
@@ -71,10 +75,13 @@ def test_outage_reconsume_later_policy_leaves_it_to_the_broker(kind: str) -> Non
 
 @pytest.mark.parametrize("kind", ["redis", "mysql"])
 def test_store_errors_wrap_the_driver_error(kind: str) -> None:
-    """Store methods raise StoreError with the driver's exception as __cause__."""
-    config = DedupConfig.enable_dedup_consume_config("app", unreachable_client(kind))
+    """An unreachable server is an outage: StoreUnavailableError, the driver's exception as
+    __cause__."""
+    config = DedupConfig.enable_dedup_consume_config(
+        "app", unreachable_client(kind), check_store=False
+    )
     assert config.persist is not None
-    with pytest.raises(StoreError) as info:
+    with pytest.raises(StoreUnavailableError) as info:
         config.persist.claim(DedupElement("app", "T", "", "k"), "o", 1000)
     assert info.value.__cause__ is not None
 
@@ -91,7 +98,7 @@ class FailingMarkStore(MemoryDedupStore):
         raise OSError("store went away")
 
     do_release = do_release_many  # type: ignore[assignment]
-    driver_errors = (OSError,)
+    outage_errors = (OSError,)
 
 
 def test_mark_failure_after_success_still_acks(caplog: pytest.LogCaptureFixture) -> None:
@@ -118,3 +125,42 @@ def test_release_failure_does_not_hide_the_handler_error(
     messages = [r.getMessage() for r in caplog.records]
     assert any("do_handle_msg raised" in m for m in messages)
     assert any("could not release" in m for m in messages)
+
+
+class BuggyStore(MemoryDedupStore):
+    """A store whose claim has a bug (not an outage)."""
+
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+        raise TypeError("a bug in the store")
+
+
+def test_store_bug_is_not_an_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """A programming error in a store is a StoreError, not an outage: under the default
+    "consume" policy the message is retried (handler not run) and an ERROR is logged."""
+    store = BuggyStore()
+    with pytest.raises(StoreError) as info:
+        store.claim(DedupElement("app", "T", "", "k"), "o", 1000)
+    assert not isinstance(info.value, StoreUnavailableError)
+    listener = Counting(DedupConfig.enable_dedup_consume_config("app", store))
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+        assert listener.consume_each([ClassicMessage("m2")]) == [ConsumeStatus.RECONSUME_LATER]
+    assert listener.handled == []
+    assert any(
+        r.levelno == logging.ERROR and "a bug in the store" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_outage_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    """During an outage one warning line covers many messages, with a count, not one each."""
+    config = DedupConfig.enable_dedup_consume_config(
+        "app", unreachable_client("redis"), check_store=False
+    )
+    listener = Counting(config)
+    with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+        for i in range(50):
+            assert listener(ClassicMessage(f"m{i}")) is ConsumeStatus.CONSUME_SUCCESS
+    warnings = [r for r in caplog.records if "WITHOUT dedup" in r.getMessage()]
+    assert len(listener.handled) == 50
+    assert len(warnings) == 1

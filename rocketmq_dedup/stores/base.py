@@ -1,8 +1,10 @@
 """The abstract record store: the I/O the dedup strategy needs, and nothing else.
 
 Decisions (what a status means, what to do on failure) live in :mod:`rocketmq_dedup.strategy`;
-a concrete store only implements the ``do_*`` hooks. The public methods wrap driver errors in
-:class:`~rocketmq_dedup.errors.StoreError` so the strategy handles one error type.
+a concrete store only implements the ``do_*`` hooks. The public methods wrap every error once:
+an outage (what :meth:`DedupStore.is_outage` says) becomes
+:class:`~rocketmq_dedup.errors.StoreUnavailableError`, anything else (a missing table, a bug)
+:class:`~rocketmq_dedup.errors.StoreError`, with the original chained as ``__cause__``.
 
 Contract every store honours (tested in ``tests/test_store_contract.py``):
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Type, TypeVar
 
-from rocketmq_dedup.errors import DedupError, StoreError
+from rocketmq_dedup.errors import DedupError, StoreError, StoreUnavailableError
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import DedupStatus
 
@@ -45,8 +47,8 @@ ALREADY_CONSUMED = ClaimResult(False, DedupStatus.CONSUMED)
 class DedupStore(abc.ABC):
     """Base class of the record stores (Redis, MySQL, memory)."""
 
-    #: Exceptions of the underlying driver that mean "the store failed".
-    driver_errors: Tuple[Type[BaseException], ...] = ()
+    #: Exceptions of the underlying driver that mean "the store is unavailable" (an outage).
+    outage_errors: Tuple[Type[BaseException], ...] = ()
 
     # -- public API: wraps driver errors -------------------------------------------------
 
@@ -105,16 +107,30 @@ class DedupStore(abc.ABC):
         """The live record's status, or None when there is none (for operators and tests)."""
         return self._call(self.do_get_status, element)
 
+    def check(self) -> None:
+        """One round trip that proves the store is reachable and usable (Redis: PING; MySQL:
+        connect and ``SELECT 1``). Raises :class:`StoreError`."""
+        self._call(self.do_check)
+
+    def describe(self) -> str:
+        """Where the records live, for messages (an address; never a password)."""
+        return type(self).__name__
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release client resources the store created itself (never the user's client)."""
+
+    def is_outage(self, exc: BaseException) -> bool:
+        """True if ``exc`` means the store is unavailable (an outage), not a defect."""
+        return isinstance(exc, self.outage_errors)
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return fn(*args)
         except DedupError:
             raise
-        except self.driver_errors as exc:
-            raise StoreError(f"{type(self).__name__}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            kind = StoreUnavailableError if self.is_outage(exc) else StoreError
+            raise kind(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
 
     # -- I/O hooks -----------------------------------------------------------------------
     # The single-element hooks default to the batch ones; stores override them when one
@@ -149,6 +165,9 @@ class DedupStore(abc.ABC):
 
     @abc.abstractmethod
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]: ...
+
+    def do_check(self) -> None:  # noqa: B027 - optional hook
+        """Prove the store is reachable; the default has nothing to check."""
 
 
 class PerElementStore(DedupStore):

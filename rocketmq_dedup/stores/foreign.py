@@ -19,10 +19,12 @@ def looks_like_store(obj: object) -> bool:
 class ForeignStore(PerElementStore):
     """Forwards to an object with ``claim(element, owner, lease_ms) -> ClaimResult``,
     ``mark_consumed(element, owner, retention_ms)``, ``release(element, owner) -> bool`` and,
-    optionally, ``renew(element, owner, lease_ms) -> bool`` and ``get_status(element)``.
-    Any exception it raises counts as a store failure."""
+    optionally, ``renew(element, owner, lease_ms) -> bool``, ``get_status(element)`` and
+    ``check()``. An outage is what it raises as ``ConnectionError``, ``TimeoutError`` (any
+    ``OSError``) or :class:`~rocketmq_dedup.errors.StoreUnavailableError`; anything else it
+    raises is a defect (the message is retried later, never consumed without dedup)."""
 
-    driver_errors = (Exception,)
+    outage_errors = (OSError,)
 
     def __init__(self, target: Any) -> None:
         self.target = target
@@ -46,3 +48,11 @@ class ForeignStore(PerElementStore):
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
         getter = getattr(self.target, "get_status", None)
         return getter(element) if callable(getter) else None
+
+    def do_check(self) -> None:
+        check = getattr(self.target, "check", None)
+        if callable(check):
+            check()
+
+    def describe(self) -> str:
+        return f"{type(self.target).__module__}.{type(self.target).__qualname__}"

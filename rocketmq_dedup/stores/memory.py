@@ -19,8 +19,15 @@ from rocketmq_dedup.stores.base import (
 _Record = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
 
 
+#: Expired records are swept when the store has grown by this many records since the last
+#: sweep and has doubled: the size stays within twice the live records (plus this), at an
+#: amortized cost of O(1) per claim.
+SWEEP_MIN_GROWTH = 1024
+
+
 class MemoryDedupStore(PerElementStore):
-    """Keeps records in a dict. Not shared between processes; records vanish on exit.
+    """Keeps records in a dict. Not shared between processes; records vanish on exit. Expired
+    records are dropped as new ones arrive, so the size is bounded by the live records.
 
     :param clock: a monotonic clock in seconds; tests inject a fake one.
     """
@@ -29,6 +36,7 @@ class MemoryDedupStore(PerElementStore):
         self._clock = clock
         self._records: Dict[DedupElement, _Record] = {}
         self._lock = threading.Lock()
+        self._sweep_at = SWEEP_MIN_GROWTH
 
     def __len__(self) -> int:
         return len(self._records)
@@ -37,9 +45,14 @@ class MemoryDedupStore(PerElementStore):
         """Drop expired records; return how many were dropped."""
         now = self._clock()
         with self._lock:
-            dead = [e for e, (_, _, exp) in self._records.items() if exp <= now]
-            for element in dead:
-                del self._records[element]
+            return self._sweep(now)
+
+    def _sweep(self, now: float) -> int:
+        """Drop expired records (holds the lock); the next sweep waits for twice the size."""
+        dead = [e for e, (_, _, exp) in self._records.items() if exp <= now]
+        for element in dead:
+            del self._records[element]
+        self._sweep_at = 2 * len(self._records) + SWEEP_MIN_GROWTH
         return len(dead)
 
     def _live(self, element: DedupElement, now: float) -> Optional[_Record]:
@@ -55,6 +68,8 @@ class MemoryDedupStore(PerElementStore):
             record = self._live(element, now)
             if record is None:
                 self._records[element] = (DedupStatus.CONSUMING, owner, now + lease_ms / 1000)
+                if len(self._records) >= self._sweep_at:
+                    self._sweep(now)
                 return CLAIMED
         return ALREADY_CONSUMED if record[0] is DedupStatus.CONSUMED else HELD_BY_OTHER
 

@@ -1,0 +1,268 @@
+"""Metrics, tracing and the duplicate hook: one decision per message, timings per store call,
+lease renewals; Prometheus and OpenTelemetry; the default costs nothing."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List, Optional, Tuple
+
+import pytest
+import redis
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    DedupConfigError,
+    DedupElement,
+    DedupStatus,
+    MemoryDedupStore,
+)
+from rocketmq_dedup.metrics import (
+    Decision,
+    DedupMetrics,
+    OpenTelemetryMetrics,
+    Outcome,
+    PrometheusMetrics,
+    StoreOp,
+)
+from rocketmq_dedup.stores.base import DedupStore
+from tests.support import ClassicMessage, wait_for
+
+SUCCESS = ConsumeStatus.CONSUME_SUCCESS
+LATER = ConsumeStatus.RECONSUME_LATER
+
+
+class Recorder(DedupMetrics):
+    """Keeps every call."""
+
+    def __init__(self) -> None:
+        self.decisions: List[Decision] = []
+        self.ops: List[Tuple[StoreOp, bool]] = []
+        self.lease_rounds: List[Tuple[int, int]] = []
+
+    def message(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+
+    def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
+        assert seconds >= 0
+        self.ops.append((op, ok))
+
+    def leases(self, application: str, renewed: int, lost: int) -> None:
+        self.lease_rounds.append((renewed, lost))
+
+
+class Listener(DedupConcurrentListener):
+    """Handler result per message id: ``results[id]`` (default True); key ``keys[id]``."""
+
+    def __init__(self, config: Optional[DedupConfig], **results: Any) -> None:
+        super().__init__(config)
+        self.results = results
+        self.keys: dict = {}  # type: ignore[type-arg]
+        self.duplicates: List[Tuple[str, DedupStatus]] = []
+        self.gate: Optional[threading.Event] = None
+
+    def dedup_message_key(self, msg: Any) -> Any:
+        return self.keys.get(msg.id, msg.id)
+
+    def do_handle_msg(self, msg: Any) -> Any:
+        if self.gate is not None:
+            self.gate.wait(10)
+        return self.results.get(msg.id, True)
+
+    def on_duplicate(self, msg: Any, status: DedupStatus) -> None:
+        self.duplicates.append((msg.id, status))
+
+
+def outcomes(recorder: Recorder) -> List[Tuple[str, Outcome]]:
+    return [(d.message.id, d.outcome) for d in recorder.decisions]
+
+
+def test_every_decision_is_reported_once(app_name: str) -> None:
+    """Handled, failed, duplicates, no key, refused key: one decision each, with the handler
+    time only where the handler ran."""
+    recorder = Recorder()
+    config = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=recorder)
+    listener = Listener(config, bad=False)
+    listener.keys.update(nokey=None, refused=object())
+    for msg_id in ("m1", "m1", "bad", "nokey", "refused"):
+        listener(ClassicMessage(msg_id))
+    assert outcomes(recorder) == [
+        ("m1", Outcome.CONSUMED),
+        ("m1", Outcome.DUPLICATE_CONSUMED),
+        ("bad", Outcome.FAILED),
+        ("nokey", Outcome.NO_KEY),
+        ("refused", Outcome.KEY_ERROR),
+    ]
+    ran = [d.handler_seconds is not None for d in recorder.decisions]
+    assert ran == [True, False, True, True, False]
+    assert all(d.application == app_name and d.topic == "TEST-TOPIC" for d in recorder.decisions)
+    claims = [op for op in recorder.ops if op[0] is StoreOp.CLAIM]
+    assert len(claims) == 3 and all(ok for _, ok in recorder.ops)  # m1, m1, bad
+    assert (StoreOp.MARK_CONSUMED, True) in recorder.ops
+    assert (StoreOp.RELEASE, True) in recorder.ops
+
+
+def test_in_progress_duplicate_and_hook(app_name: str) -> None:
+    """A duplicate of a message still in its handler: DUPLICATE_IN_PROGRESS, and on_duplicate
+    is called with CONSUMING; once it is done, a duplicate gets CONSUMED."""
+    recorder = Recorder()
+    store = MemoryDedupStore()
+    config = DedupConfig.enable_dedup_consume_config(app_name, store, metrics=recorder)
+    listener = Listener(config)
+    listener.gate = gate = threading.Event()
+    first = threading.Thread(target=listener, args=(ClassicMessage("m1"),))
+    first.start()
+    element = DedupElement(app_name, "TEST-TOPIC", "TagA", "m1")
+    wait_for(lambda: store.get_status(element) is DedupStatus.CONSUMING)
+    assert listener(ClassicMessage("m1")) is LATER  # the handler is not entered: no wait
+    gate.set()
+    first.join()
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener.duplicates == [("m1", DedupStatus.CONSUMING), ("m1", DedupStatus.CONSUMED)]
+    assert outcomes(recorder) == [
+        ("m1", Outcome.DUPLICATE_IN_PROGRESS),
+        ("m1", Outcome.CONSUMED),
+        ("m1", Outcome.DUPLICATE_CONSUMED),
+    ]
+
+
+def test_outages_are_reported_by_policy(app_name: str) -> None:
+    """An unreachable store: store_error_consumed under "consume", store_error_later under
+    "reconsume_later", and the failed claim is timed with ok=False."""
+    client = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    for policy, outcome in (
+        ("consume", Outcome.STORE_ERROR_CONSUMED),
+        ("reconsume_later", Outcome.STORE_ERROR_LATER),
+    ):
+        recorder = Recorder()
+        config = DedupConfig.enable_dedup_consume_config(
+            app_name, client, metrics=recorder, store_failure_policy=policy, check_store=False
+        )
+        Listener(config)(ClassicMessage("m1"))
+        assert outcomes(recorder) == [("m1", outcome)]
+        assert recorder.ops == [(StoreOp.CLAIM, False)]
+
+
+def test_lease_renewals_are_reported(store: DedupStore, app_name: str) -> None:
+    """A renewal round reports the leases it extended."""
+    recorder = Recorder()
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, store, metrics=recorder, dedup_processing_expire_milli_seconds=600
+    )
+    listener = Listener(config)
+    listener.gate = threading.Event()
+    worker = threading.Thread(target=listener, args=(ClassicMessage("m1"),))
+    worker.start()
+    try:
+        wait_for(lambda: any(renewed for renewed, _ in recorder.lease_rounds), timeout=5)
+    finally:
+        listener.gate.set()
+        worker.join()
+    assert (StoreOp.RENEW, True) in recorder.ops
+
+
+def test_a_failing_metrics_object_changes_nothing(app_name: str) -> None:
+    """Exceptions from the metrics object and from on_duplicate are logged, never decisive."""
+
+    class Broken(DedupMetrics):
+        def message(self, decision: Decision) -> None:
+            raise RuntimeError("metrics down")
+
+        def store_operation(self, *args: Any) -> None:
+            raise RuntimeError("metrics down")
+
+    class BrokenHook(Listener):
+        def on_duplicate(self, msg: Any, status: DedupStatus) -> None:
+            raise RuntimeError("hook down")
+
+    config = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=Broken())
+    listener = BrokenHook(config)
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener(ClassicMessage("m1")) is SUCCESS
+
+
+def test_metrics_must_follow_the_protocol() -> None:
+    """A metrics value without the protocol's methods is a configuration error."""
+    with pytest.raises(DedupConfigError, match="metrics must be"):
+        DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore(), metrics=object())
+
+
+def test_prometheus_counts_and_times(app_name: str) -> None:
+    """PrometheusMetrics: messages_total by outcome, store and handler histograms; labels carry
+    app and topic, never a message id."""
+    registry = CollectorRegistry()
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, MemoryDedupStore(), metrics=PrometheusMetrics(registry)
+    )
+    listener = Listener(config, bad=False)
+    for msg_id in ("m1", "m1", "m2", "bad"):
+        listener(ClassicMessage(msg_id))
+
+    def value(name: str, **labels: str) -> Optional[float]:
+        return registry.get_sample_value(name, labels)
+
+    base = {"app": app_name, "topic": "TEST-TOPIC"}
+    assert value("rocketmq_dedup_messages_total", **base, outcome="consumed") == 2
+    assert value("rocketmq_dedup_messages_total", **base, outcome="duplicate_consumed") == 1
+    assert value("rocketmq_dedup_messages_total", **base, outcome="failed") == 1
+    assert value("rocketmq_dedup_store_seconds_count", app=app_name, op="claim") == 4
+    assert value("rocketmq_dedup_store_seconds_count", app=app_name, op="mark_consumed") == 2
+    assert value("rocketmq_dedup_handler_seconds_count", **base) == 3
+    labels = {k for m in registry.collect() for s in m.samples for k in s.labels}
+    assert labels <= {"app", "topic", "outcome", "op", "le"}
+
+
+def test_opentelemetry_metrics_and_spans(app_name: str) -> None:
+    """OpenTelemetryMetrics: the same counter through a MeterProvider, and a span per decision
+    with the messaging attributes and the outcome."""
+    reader = InMemoryMetricReader()
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    metrics = OpenTelemetryMetrics(
+        MeterProvider(metric_readers=[reader]), tracer_provider, spans=True
+    )
+    config = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=metrics)
+    listener = Listener(config)
+    listener(ClassicMessage("m1"))
+    listener(ClassicMessage("m1"))
+    data = reader.get_metrics_data()
+    points = {
+        (m.name, dict(p.attributes or {}).get("outcome")): getattr(p, "value", None)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+    }
+    assert points[("rocketmq_dedup.messages", "consumed")] == 1
+    assert points[("rocketmq_dedup.messages", "duplicate_consumed")] == 1
+    spans = exporter.get_finished_spans()
+    assert [s.attributes["rocketmq_dedup.outcome"] for s in spans] == [  # type: ignore[index]
+        "consumed",
+        "duplicate_consumed",
+    ]
+    attributes = dict(spans[0].attributes or {})
+    assert attributes["messaging.system"] == "rocketmq"
+    assert attributes["messaging.destination.name"] == "TEST-TOPIC"
+    assert attributes["messaging.consumer.group.name"] == app_name
+    assert attributes["messaging.message.id"] == "m1"
+
+
+def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without metrics the listener reads no clock for them and builds no decision."""
+    import rocketmq_dedup.strategy as strategy
+
+    built: List[Any] = []
+    monkeypatch.setattr(strategy, "Decision", lambda *a: built.append(a))
+    listener = Listener(DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore()))
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert built == []
