@@ -27,10 +27,9 @@ from bench.settings import (
 )
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig
 from rocketmq_dedup.status import ConsumeStatus
-from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
-from rocketmq_dedup.stores.redis import RedisDedupStore
+from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
 
 OK = ConsumeStatus.CONSUME_SUCCESS
 BATCH_SIZE = 32
@@ -335,13 +334,12 @@ class RedisThreads8LockWakeFresh(RedisThreads8Fresh):
 
     name = "redis_threads8_lockwake_fresh"
 
-    def run(self, items: Sequence[Any]) -> int:
-        default = coalesce._new_waker  # the worker threads are new: they make their waker now
-        coalesce._new_waker = coalesce._LockWaker
-        try:
-            return super().run(items)
-        finally:
-            coalesce._new_waker = default
+    def setup(self) -> None:
+        RedisCase.setup(self)
+        store = RedisDedupStore(self.client, key_prefix=LIBRARY_KEY_PREFIX)
+        store._coalescer = coalesce.Coalescer(store._execute, waker=coalesce.LockWaker)
+        config = DedupConfig.enable_dedup_consume_config(self.app, store, **listener_options())
+        self.listener = BenchListener(config, self.handler)
 
 
 class NaiveRedisCase(RedisCase):

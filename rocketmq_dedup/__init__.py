@@ -2,6 +2,8 @@
 
 A port of the Java RocketMQDedupListener: subclass :class:`DedupConcurrentListener`, implement
 ``do_handle_msg``, give it a :class:`DedupConfig` with a Redis or MySQL store, and subscribe it.
+For handlers that write to MySQL/MariaDB, :class:`TransactionalDedupListener` commits their
+writes and the dedup record in one transaction (exactly once).
 """
 
 from rocketmq_dedup.config import DedupConfig
@@ -23,6 +25,7 @@ from rocketmq_dedup.stores import (
     RedisDedupStore,
 )
 from rocketmq_dedup.strategy import BatchResult
+from rocketmq_dedup.transactional import TransactionalDedupListener, TransactionMisuseError
 
 __version__ = "0.1.0"
 
@@ -44,4 +47,6 @@ __all__ = [
     "StoreError",
     "StoreFailurePolicy",
     "StoreUnavailableError",
+    "TransactionMisuseError",
+    "TransactionalDedupListener",
 ]

@@ -28,8 +28,13 @@ _SETTINGS = frozenset(
         "lease_renewal",
         "max_processing_milli_seconds",
         "metrics",
+        "sequence_mode",
+        "sequence_start",
     }
 )
+#: ``sequence_mode`` values (the exactly-once mode's sequence guard).
+SEQUENCE_MODES = ("strict", "latest")
+_BIGINT = 2**63
 _METRICS_METHODS = ("message", "store_operation", "leases")
 
 
@@ -55,6 +60,10 @@ class DedupConfig:
     * ``metrics`` - None (default: no metrics call at all) or a
       :class:`~rocketmq_dedup.metrics.DedupMetrics`, e.g.
       :class:`~rocketmq_dedup.metrics.PrometheusMetrics`.
+    * ``sequence_mode`` - ``"strict"`` (default) or ``"latest"``, and ``sequence_start`` - the
+      sequence number an entity never seen expects (an int, default 1): the sequence guard of
+      :class:`~rocketmq_dedup.transactional.TransactionalDedupListener`; ignored by the plain
+      listener.
 
     Durations are positive, finite and at most 100 years (:data:`MAX_DURATION_MS`).
     """
@@ -71,6 +80,8 @@ class DedupConfig:
         lease_renewal: bool = True,
         max_processing_milli_seconds: float = DEFAULT_MAX_PROCESSING_MILLI_SECONDS,
         metrics: Optional[DedupMetrics] = None,
+        sequence_mode: str = "strict",
+        sequence_start: int = 1,
     ) -> None:
         if not isinstance(application_name, str) or not application_name:
             raise DedupConfigError("application_name must be a non-empty string")
@@ -93,6 +104,8 @@ class DedupConfig:
         self.lease_renewal = lease_renewal
         self.max_processing_milli_seconds = max_processing_milli_seconds
         self.metrics = metrics
+        self.sequence_mode = sequence_mode
+        self.sequence_start = sequence_start
 
     # -- factories (the Java names) ------------------------------------------------------
 
@@ -210,6 +223,34 @@ class DedupConfig:
                 f"{', '.join(_METRICS_METHODS)}); got {type(value).__qualname__}"
             )
         self._metrics = value
+
+    @property
+    def sequence_mode(self) -> str:
+        """The sequence guard's rule: ``"strict"`` (apply in order, wait for gaps) or
+        ``"latest"`` (apply anything newer, skip the rest)."""
+        return self._sequence_mode
+
+    @sequence_mode.setter
+    def sequence_mode(self, value: str) -> None:
+        if value not in SEQUENCE_MODES or not isinstance(value, str):
+            raise DedupConfigError(
+                f"sequence_mode must be one of {', '.join(map(repr, SEQUENCE_MODES))}; "
+                f"got {value!r}"
+            )
+        self._sequence_mode = value
+
+    @property
+    def sequence_start(self) -> int:
+        """The sequence number an entity never seen expects under ``"strict"``."""
+        return self._sequence_start
+
+    @sequence_start.setter
+    def sequence_start(self, value: int) -> None:
+        if type(value) is not int or not -_BIGINT < value < _BIGINT:
+            raise DedupConfigError(
+                f"sequence_start must be an int (a signed 64-bit number); got {value!r}"
+            )
+        self._sequence_start = value
 
     @property
     def store_failure_policy(self) -> StoreFailurePolicy:

@@ -10,7 +10,7 @@ from typing import Any, Iterable, List, Optional, TypeVar
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.message import message_id
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
-from rocketmq_dedup.strategy import BatchResult, make_strategy
+from rocketmq_dedup.strategy import BatchResult, DuplicateHook, Strategy, make_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +32,16 @@ class DedupConcurrentListener(abc.ABC):
         self.dedup_config = dedup_config
         hook = self.on_duplicate
         overridden = type(self).on_duplicate is not DedupConcurrentListener.on_duplicate
-        self._strategy = make_strategy(dedup_config, hook if overridden else None)
+        self._strategy = self._make_strategy(dedup_config, hook if overridden else None)
         if dedup_config is None:
             logger.info("%s has no DedupConfig: dedup is disabled", type(self).__name__)
+
+    def _make_strategy(
+        self, dedup_config: Optional[DedupConfig], on_duplicate: Optional[DuplicateHook]
+    ) -> Strategy:
+        """The strategy the entry points run (a hook for listeners with another mode, e.g.
+        :class:`~rocketmq_dedup.transactional.TransactionalDedupListener`)."""
+        return make_strategy(dedup_config, on_duplicate)
 
     @abc.abstractmethod
     def do_handle_msg(self, msg: Any) -> Any:

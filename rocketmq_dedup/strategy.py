@@ -19,9 +19,7 @@ What a handler's return value means is :func:`handler_status`; which keys are ac
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -33,6 +31,7 @@ from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
 from rocketmq_dedup.message import DedupElement, message_tag, message_topic, to_text
 from rocketmq_dedup.metrics import Decision, DedupMetrics, Outcome, StoreOp
+from rocketmq_dedup.owner import new_owner_token
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, StoreFailurePolicy
 from rocketmq_dedup.stores.base import ClaimResult, DedupStore
 
@@ -133,28 +132,6 @@ def _check_value_based(value: Any) -> None:
             "address, which another message may reuse; return a str, bytes or int, or define "
             "__str__ on the class"
         )
-
-
-# -- owner tokens --------------------------------------------------------------------------------
-
-
-class _OwnerTokens:
-    """Unique claim tokens: a random per-process prefix plus a counter (fork-safe)."""
-
-    def __init__(self) -> None:
-        self._reset()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        self._prefix = f"{os.urandom(6).hex()}.{os.getpid()}."
-        self._counter = itertools.count(1)
-
-    def __call__(self) -> str:
-        return f"{self._prefix}{next(self._counter)}"
-
-
-new_owner_token = _OwnerTokens()
 
 
 # -- strategies ----------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ from collections import Counter
 from typing import Any, Dict, List, Set
 
 import redis
+from prometheus_client import CollectorRegistry
 
 from rocketmq_dedup import ConsumeStatus, DedupConfig
 from rocketmq_dedup.message import message_id, reconsume_times, to_text
+from rocketmq_dedup.metrics import PrometheusMetrics
 from samples.rocketmq_clients import Producer, start_push_consumer
 from samples.sample_listener import TEST_TOPIC, SampleListener
 
@@ -75,7 +77,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    config = DedupConfig.enable_dedup_consume_config("dedup-demo", redis.Redis.from_url(args.redis))
+    registry = CollectorRegistry()
+    config = DedupConfig.enable_dedup_consume_config(
+        "dedup-demo", redis.Redis.from_url(args.redis), metrics=PrometheusMetrics(registry)
+    )
     listener = DemoListener(config)
     stop = start_push_consumer("classic", GROUP, TEST_TOPIC, listener, threads=8)
     producer = Producer("classic", (TEST_TOPIC,))
@@ -98,7 +103,7 @@ def main() -> None:
     finally:
         stop()
         producer.close()
-    report(len(sent), len(orders), listener.counts)
+    report(len(sent), len(orders), listener.counts, registry)
 
 
 def wait(condition: Any, timeout: float) -> None:
@@ -109,7 +114,7 @@ def wait(condition: Any, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def report(sent: int, orders: int, counts: Dict[str, int]) -> None:
+def report(sent: int, orders: int, counts: Dict[str, int], registry: CollectorRegistry) -> None:
     rows = [("messages sent", sent)] + [
         (name, counts.get(name, 0))
         for name in (
@@ -125,7 +130,13 @@ def report(sent: int, orders: int, counts: Dict[str, int]) -> None:
         print(f"  {name:<55} {value:>4}")
     handled = counts.get("handled (business logic ran)", 0)
     verdict = "exactly once" if handled == orders else f"{handled} times for {orders} orders"
-    print(f"every message acked; the business logic ran {verdict}\n")
+    print(f"every message acked; the business logic ran {verdict}")
+    print("metrics (rocketmq_dedup_messages_total by outcome, warm-up messages included):")
+    for metric in registry.collect():
+        for sample in metric.samples:
+            if sample.name == "rocketmq_dedup_messages_total":
+                print(f"  {sample.labels['outcome']:<55} {int(sample.value):>4}")
+    print()
     if handled != orders:
         raise SystemExit(1)
 

@@ -1,111 +1,62 @@
-"""Thin wrappers over the two RocketMQ Python clients, so the e2e tests and the demo drive
-both the same way. Exactly one of the clients is installed in an environment."""
+"""Thin wrappers over the classic RocketMQ Python client (rocketmq-client-python), which the
+samples and the demo use: a producer, and a push consumer that feeds a listener. (The e2e tests
+drive both Python clients with their own plumbing, tests/e2e/clients.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Tuple
 
 NAMESRV = "127.0.0.1:9876"
-PROXY = "127.0.0.1:8081"
 
 
-def installed_client() -> str:
-    """'classic' (rocketmq-client-python), 'grpc' (rocketmq-python-client 5.x) or 'none'."""
-    if importlib.util.find_spec("rocketmq") is None:
-        return "none"
-    if importlib.util.find_spec("rocketmq.client") is not None:
-        return "classic"
-    return "grpc"
+def _check_client(client: str) -> None:
+    if client != "classic":
+        raise ValueError(f"the samples use the classic client (rocketmq-client-python): {client!r}")
 
 
 class Producer:
-    """send(topic, body, props) -> message id, for either client."""
+    """send(topic, body, props) -> message id."""
 
-    def __init__(self, client: str, topics: tuple[str, ...]) -> None:
-        self.client = client
-        if client == "classic":
-            from rocketmq.client import Producer as ClassicProducer
+    def __init__(self, client: str = "classic", topics: Tuple[str, ...] = ()) -> None:
+        """``topics`` is accepted for symmetry with the 5.x client, which declares them."""
+        _check_client(client)
+        from rocketmq.client import Producer as ClassicProducer
 
-            from rocketmq_dedup.adapters.classic import set_name_server
+        from rocketmq_dedup.adapters.classic import set_name_server
 
-            self._producer = ClassicProducer(f"dedup-test-producer-{id(self)}")
-            set_name_server(self._producer, NAMESRV)
-            self._producer.start()
-        else:
-            from rocketmq import ClientConfiguration, Credentials
-            from rocketmq import Producer as GrpcProducer
+        self._producer = ClassicProducer(f"dedup-sample-producer-{id(self)}")
+        set_name_server(self._producer, NAMESRV)
+        self._producer.start()
 
-            self._producer = GrpcProducer(ClientConfiguration(PROXY, Credentials()), topics)
-            self._producer.startup()
+    def send(self, topic: str, body: bytes, props: Dict[str, str]) -> str:
+        from rocketmq.client import Message
 
-    def send(
-        self,
-        topic: str,
-        body: bytes,
-        props: Dict[str, str],
-        tag: str = "TagA",
-        sharding_key: Optional[str] = None,
-    ) -> str:
-        """Send one message; with ``sharding_key`` (classic client) as an orderly message."""
-        if self.client == "classic":
-            from rocketmq.client import Message
-
-            msg = Message(topic)
-            msg.set_tags(tag)
-            msg.set_body(body)
-            for name, value in props.items():
-                msg.set_property(name, value)
-            if sharding_key is not None:
-                result = self._producer.send_orderly_with_sharding_key(msg, sharding_key)
-            else:
-                result = self._producer.send_sync(msg)
-            return str(result.msg_id)
-        from rocketmq import Message as GrpcMessage
-
-        gmsg = GrpcMessage()
-        gmsg.topic = topic
-        gmsg.tag = tag
-        gmsg.body = body
+        msg = Message(topic)
+        msg.set_body(body)
         for name, value in props.items():
-            gmsg.add_property(name, value)
-        return str(self._producer.send(gmsg).message_id)
+            msg.set_property(name, value)
+        return str(self._producer.send_sync(msg).msg_id)
 
     def close(self) -> None:
         self._producer.shutdown()
 
 
 def start_push_consumer(
-    client: str, group: str, topic: str, listener: Any, threads: int = 4, orderly: bool = False
+    client: str, group: str, topic: str, listener: Any, threads: int = 4
 ) -> Callable[[], None]:
-    """Start a push consumer feeding ``listener`` (``orderly``: the classic client's orderly
-    consumer); return its shutdown function."""
-    if client == "classic":
-        from rocketmq.client import PushConsumer
+    """Start a push consumer of ``group`` on ``topic`` whose callback is ``listener`` (a
+    DedupConcurrentListener is the callback); return its shutdown function."""
+    _check_client(client)
+    from rocketmq.client import PushConsumer
 
-        from rocketmq_dedup.adapters.classic import set_name_server
+    from rocketmq_dedup.adapters.classic import set_name_server
 
-        consumer = PushConsumer(group, orderly=orderly)
-        set_name_server(consumer, NAMESRV)
-        consumer.set_thread_count(threads)
-        consumer.set_message_batch_max_size(1)
-        consumer.subscribe(topic, listener)
-        consumer.start()
-        return consumer.shutdown  # type: ignore[no-any-return]
-    from rocketmq import ClientConfiguration, Credentials, FilterExpression
-    from rocketmq import PushConsumer as GrpcPushConsumer
-
-    from rocketmq_dedup.adapters.grpc import message_listener
-
-    consumer = GrpcPushConsumer(
-        ClientConfiguration(PROXY, Credentials()),
-        group,
-        message_listener(listener),
-        {topic: FilterExpression()},
-        consumption_thread_count=threads,
-    )
-    consumer.startup()
+    consumer = PushConsumer(group)
+    set_name_server(consumer, NAMESRV)
+    consumer.set_thread_count(threads)
+    consumer.subscribe(topic, listener)
+    consumer.start()
     return consumer.shutdown  # type: ignore[no-any-return]
 
 

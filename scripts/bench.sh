@@ -6,6 +6,7 @@
 # Servers that are not running are started and, at exit, stopped again; servers that were
 # already running are used and left alone.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -17,7 +18,8 @@ PY=.venv-classic/bin/python
 bench_stamp=$(cat requirements-bench.txt .venv-classic/.stamp | sha256sum | cut -c1-16)
 if [[ ! -f .venv-classic/.bench-stamp || $(cat .venv-classic/.bench-stamp) != "$bench_stamp" ]]; then
   log "installing requirements-bench.txt into .venv-classic"
-  .venv-classic/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
+  with_progress 15 "installing requirements-bench.txt" \
+    .venv-classic/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
   echo "$bench_stamp" >.venv-classic/.bench-stamp
 fi
 
@@ -57,4 +59,5 @@ for assignment in $(scripts/services.sh env | sed 's/^export //'); do
   [[ -n ${!name:-} ]] || export "${assignment?}"
 done
 
-"$PY" -m bench "$@"
+# the RocketMQ client's logs (e2e cases) go to $STATE_ROOT/bench-home, not to ~/logs
+with_client_home bench "$PY" -m bench "$@"

@@ -1,5 +1,5 @@
 # Shared helpers for the project's scripts (sourced, not run).
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034  # the variables are for the scripts that source it
 
 STATE_ROOT="${ROCKETMQ_DEDUP_STATE_ROOT:-/tmp/rocketmq-dedup}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,14 +19,15 @@ wait_until() {
 
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-# stop_pid PIDFILE NAME: TERM the process, wait up to 30 s, then KILL. Removes the pid file.
+# stop_pid PIDFILE NAME [GRACE]: TERM the process, wait up to GRACE seconds (default 30), then
+# KILL. Removes the pid file.
 stop_pid() {
-  local pidfile=$1 name=$2 pid
+  local pidfile=$1 name=$2 grace=${3:-30} pid
   [[ -f $pidfile ]] || return 0
   pid=$(cat "$pidfile")
   if kill -0 "$pid" 2>/dev/null; then
     kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + 30))
+    local deadline=$((SECONDS + grace))
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
     if kill -0 "$pid" 2>/dev/null; then
       log "$name (pid $pid) ignored TERM; killing"
@@ -48,6 +49,37 @@ apt_install() {
   local sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# with_progress EVERY WHAT CMD...: run CMD (a command or a function) and, while it runs, log
+# "WHAT: Ns so far" every EVERY seconds, so that a long step is never a silent minute. Returns
+# CMD's exit status.
+with_progress() {
+  local every=$1 what=$2; shift 2
+  local start=$SECONDS next=$((SECONDS + every)) pid rc=0
+  "$@" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= next)); then
+      log "$what: $((SECONDS - start))s so far"
+      next=$((next + every))
+    fi
+    sleep 0.2
+  done
+  wait "$pid" || rc=$?
+  return "$rc"
+}
+
+# with_client_home NAME CMD...: run CMD with HOME=$STATE_ROOT/NAME-home (created). The RocketMQ
+# Python clients write their logs under $HOME, with no setting of their own for it: the classic
+# client (librocketmq) to ~/logs/rocketmq-cpp, the 5.x client to ~/logs/rocketmq_python (its
+# log_config.py expands ~ at import). This keeps them in the state directory, out of the real
+# home; rocketmq.sh's jar cache stays where it was (ROCKETMQ_DEDUP_CACHE).
+with_client_home() {
+  local home="$STATE_ROOT/$1-home" cache="${ROCKETMQ_DEDUP_CACHE:-$HOME/.cache/rocketmq-dedup}"
+  shift
+  mkdir -p "$home"
+  ROCKETMQ_DEDUP_CACHE="$cache" HOME="$home" "$@"
 }
 
 # SERVER_CPUS: the command prefix that runs a server on the servers' CPUs: DEDUP_SERVER_CPUS (a

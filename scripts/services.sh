@@ -2,9 +2,10 @@
 # Redis and MariaDB for tests, benchmarks and the demo: installed from Debian packages, bound to
 # 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID, run on the servers'
 # CPUs (scripts/lib.sh, SERVER_CPUS: the last CPU unless DEDUP_SERVER_CPUS says otherwise).
-#   scripts/services.sh up|down [redis|cluster|mysql ...]   (no names: all three)
-#   scripts/services.sh status|restart-mysql|env
+#   scripts/services.sh up|down [redis|cluster|mysql|sentinel ...]   (no names: all four)
+#   scripts/services.sh status|restart-mysql|restart-sentinel-master|env
 # Redis: 127.0.0.1:16379.  Redis Cluster: 127.0.0.1:17000-17002 (3 masters).  MariaDB: 127.0.0.1:13306, database dedup_test, user dedup/dedup.
+# Redis Sentinel: a master on 127.0.0.1:16380 watched by one sentinel on 127.0.0.1:26379 (service mymaster).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -12,6 +13,9 @@ STATE="$STATE_ROOT/services"
 REDIS_PORT="${DEDUP_REDIS_PORT:-16379}"
 MYSQL_PORT="${DEDUP_MYSQL_PORT:-13306}"
 MYSQL_SOCK="$STATE/mariadb.sock"
+SENTINEL_MASTER_PORT="${DEDUP_SENTINEL_MASTER_PORT:-16380}"
+SENTINEL_PORT="${DEDUP_SENTINEL_PORT:-26379}"
+SENTINEL_SERVICE=mymaster
 
 print_env() {
   cat <<ENV
@@ -19,6 +23,7 @@ export DEDUP_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
 export DEDUP_REDIS_CLUSTER_URL=redis://127.0.0.1:${CLUSTER_PORTS[0]}/0
 export DEDUP_MYSQL_HOST=127.0.0.1 DEDUP_MYSQL_PORT=$MYSQL_PORT
 export DEDUP_MYSQL_USER=dedup DEDUP_MYSQL_PASSWORD=dedup DEDUP_MYSQL_DATABASE=dedup_test
+export DEDUP_REDIS_SENTINEL=127.0.0.1:$SENTINEL_PORT DEDUP_REDIS_SENTINEL_MASTER=$SENTINEL_SERVICE
 ENV
 }
 
@@ -53,8 +58,45 @@ cluster_up() {
   log "redis cluster up on 127.0.0.1:${CLUSTER_PORTS[0]}-${CLUSTER_PORTS[2]}"
 }
 
+# The master Sentinel watches; started with the same arguments by up and restart-sentinel-master.
+sentinel_master_start() {
+  mkdir -p "$STATE/sentinel-master"
+  "${SERVER_CPUS[@]}" redis-server --port "$SENTINEL_MASTER_PORT" --bind 127.0.0.1 --daemonize yes \
+    --pidfile "$STATE/sentinel-master.pid" --dir "$STATE/sentinel-master" \
+    --logfile "$STATE/sentinel-master.log" --save "" --appendonly no
+  wait_until 20 "sentinel master" redis-cli -p "$SENTINEL_MASTER_PORT" ping
+}
+
+sentinel_up() {
+  if pid_alive "$STATE/sentinel-master.pid"; then log "sentinel master already running"
+  else sentinel_master_start; fi
+  if pid_alive "$STATE/sentinel.pid"; then log "sentinel already running"; return; fi
+  # Sentinel rewrites its config file (the state it learns), so it lives in the state dir and
+  # is written afresh on every start.
+  mkdir -p "$STATE/sentinel"
+  cat >"$STATE/sentinel/sentinel.conf" <<CONF
+port $SENTINEL_PORT
+bind 127.0.0.1
+daemonize yes
+pidfile $STATE/sentinel.pid
+logfile $STATE/sentinel.log
+dir $STATE/sentinel
+sentinel monitor $SENTINEL_SERVICE 127.0.0.1 $SENTINEL_MASTER_PORT 1
+sentinel down-after-milliseconds $SENTINEL_SERVICE 60000
+sentinel failover-timeout $SENTINEL_SERVICE 180000
+CONF
+  "${SERVER_CPUS[@]}" redis-server "$STATE/sentinel/sentinel.conf" --sentinel
+  sentinel_ok() {
+    redis-cli -p "$SENTINEL_PORT" sentinel get-master-addr-by-name "$SENTINEL_SERVICE" \
+      | grep -q "^$SENTINEL_MASTER_PORT\$"
+  }
+  wait_until 20 "sentinel" sentinel_ok
+  log "sentinel up on 127.0.0.1:$SENTINEL_PORT (pid $(cat "$STATE/sentinel.pid")), master $SENTINEL_SERVICE on 127.0.0.1:$SENTINEL_MASTER_PORT (pid $(cat "$STATE/sentinel-master.pid"))"
+}
+
 mysql_start() {
-  nohup "${SERVER_CPUS[@]}" mariadbd --no-defaults --user=root --datadir="$STATE/mariadb" \
+  # setsid: its own session, so it outlives the process group of whoever (re)started it
+  nohup setsid "${SERVER_CPUS[@]}" mariadbd --no-defaults --user=root --datadir="$STATE/mariadb" \
     --bind-address=127.0.0.1 --port="$MYSQL_PORT" --socket="$MYSQL_SOCK" \
     --pid-file="$STATE/mariadb.pid" --log-error="$STATE/mariadb.err" --skip-name-resolve \
     --innodb-buffer-pool-size=128M --innodb-log-file-size=48M \
@@ -84,7 +126,7 @@ SQL
 
 status() {
   local rc=0
-  for name in redis mariadb "${CLUSTER_PORTS[@]/#/redis-cluster-}"; do
+  for name in redis mariadb "${CLUSTER_PORTS[@]/#/redis-cluster-}" sentinel-master sentinel; do
     if pid_alive "$STATE/$name.pid"; then echo "$name: running (pid $(cat "$STATE/$name.pid"))"
     else echo "$name: stopped"; rc=1; fi
   done
@@ -94,19 +136,19 @@ status() {
 case "${1:-}" in
   up)
     shift
-    wanted=("${@:-redis cluster mysql}"); wanted=(${wanted[*]})
+    wanted=("${@:-redis cluster mysql sentinel}"); wanted=(${wanted[*]})
     apt_install redis-server mariadb-server mariadb-client
     mkdir -p "$STATE"
     for svc in "${wanted[@]}"; do
       case "$svc" in
-        redis) redis_up ;; cluster) cluster_up ;; mysql) mysql_up ;;
-        *) die "unknown service $svc (redis, cluster, mysql)" ;;
+        redis) redis_up ;; cluster) cluster_up ;; mysql) mysql_up ;; sentinel) sentinel_up ;;
+        *) die "unknown service $svc (redis, cluster, mysql, sentinel)" ;;
       esac
     done
     ;;
   down)
     shift
-    wanted=("${@:-redis cluster mysql}"); wanted=(${wanted[*]})
+    wanted=("${@:-redis cluster mysql sentinel}"); wanted=(${wanted[*]})
     for svc in "${wanted[@]}"; do
       case "$svc" in
         redis) stop_pid "$STATE/redis.pid" redis ;;
@@ -115,7 +157,10 @@ case "${1:-}" in
             stop_pid "$STATE/redis-cluster-$port.pid" "redis cluster node $port"
           done ;;
         mysql) stop_pid "$STATE/mariadb.pid" mariadb ;;
-        *) die "unknown service $svc (redis, cluster, mysql)" ;;
+        sentinel)
+          stop_pid "$STATE/sentinel.pid" sentinel
+          stop_pid "$STATE/sentinel-master.pid" "sentinel master" ;;
+        *) die "unknown service $svc (redis, cluster, mysql, sentinel)" ;;
       esac
     done
     ;;
@@ -124,7 +169,12 @@ case "${1:-}" in
     mysql_start
     log "mariadb restarted (pid $(cat "$STATE/mariadb.pid"))"
     ;;
+  restart-sentinel-master)  # for the reconnect test: the same master, same address, no failover
+    stop_pid "$STATE/sentinel-master.pid" "sentinel master"
+    sentinel_master_start
+    log "sentinel master restarted (pid $(cat "$STATE/sentinel-master.pid"))"
+    ;;
   status) status ;;
   env) print_env ;;
-  *) echo "usage: $0 up|down|status|restart-mysql|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|restart-mysql|restart-sentinel-master|env" >&2; exit 2 ;;
 esac

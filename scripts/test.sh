@@ -4,6 +4,7 @@
 # type checks, the unit/contract/integration tests and the end-to-end tests through the broker
 # with both Python clients, then stops what it started. Extra arguments go to every pytest run.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
@@ -30,14 +31,17 @@ log "lint and types"
 .venv/bin/mypy
 
 failed=0
+# every run's RocketMQ client logs go to $STATE_ROOT/e2e-home (the e2e consumer processes' too)
 run_suite() {  # run_suite NAME VENV PYTEST-ARGS...
   local name=$1 venv=$2; shift 2
   log "pytest: $name"
-  "$venv/bin/python" -m pytest -p no:cacheprovider --junitxml="$RESULTS/$name.xml" "$@" || failed=1
+  with_client_home e2e "$venv/bin/python" -m pytest -p no:cacheprovider \
+    --junitxml="$RESULTS/$name.xml" "$@" || failed=1
 }
 run_suite core .venv tests -m "not e2e" "$@"
-run_suite e2e-classic .venv-classic tests/e2e -m e2e "$@"
-run_suite e2e-grpc .venv-grpc tests/e2e -m e2e "$@"
+# -v: a line per test as it completes (the e2e suites take minutes)
+run_suite e2e-classic .venv-classic tests/e2e -m e2e -v "$@"
+run_suite e2e-grpc .venv-grpc tests/e2e -m e2e -v "$@"
 
 if .venv/bin/python - "$RESULTS" <<'PY'
 import sys, pathlib, xml.etree.ElementTree as ET

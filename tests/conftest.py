@@ -14,8 +14,14 @@ from rocketmq_dedup.stores.base import DedupStore
 from tests.support import REDIS_CLUSTER_URL, REDIS_URL, mysql_connect
 
 TEST_TABLE = "t_rocketmq_dedup_test"
-# "mysql" runs on mysqlclient (its connection API), "mysql_pymysql" on PyMySQL (DB-API cursors).
-STORE_KINDS = ["memory", "redis", "redis_cluster", "mysql", "mysql_pymysql"]
+# "mysql" runs on mysqlclient (its connection API), "mysql_pymysql" on PyMySQL and
+# "mysql_connector" on mysql-connector-python (both through DB-API cursors).
+STORE_KINDS = ["memory", "redis", "redis_cluster", "mysql", "mysql_pymysql", "mysql_connector"]
+MYSQL_DRIVERS = {
+    "mysql": "mysqlclient",
+    "mysql_pymysql": "pymysql",
+    "mysql_connector": "mysql-connector",
+}
 
 
 @pytest.fixture(scope="session")
@@ -68,10 +74,9 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
         return RedisDedupStore(request.getfixturevalue("redis_client"))
     if kind == "redis_cluster":
         return RedisDedupStore(request.getfixturevalue("redis_cluster_client"))
-    if kind in ("mysql", "mysql_pymysql"):
+    if kind in MYSQL_DRIVERS:
         table = request.getfixturevalue("mysql_table")
-        driver = "pymysql" if kind == "mysql_pymysql" else "mysqlclient"
-        store = MySQLDedupStore(mysql_connect(driver), table)
+        store = MySQLDedupStore(mysql_connect(MYSQL_DRIVERS[kind]), table)
         request.addfinalizer(store.close)
         return store
     raise ValueError(kind)
@@ -83,7 +88,9 @@ def store(request: pytest.FixtureRequest) -> DedupStore:
     return make_store(request.param, request)
 
 
-@pytest.fixture(params=[k for k in STORE_KINDS if k not in ("memory", "mysql_pymysql")])
+@pytest.fixture(
+    params=[k for k in STORE_KINDS if k not in ("memory", "mysql_pymysql", "mysql_connector")]
+)
 def shared_store_kind(request: pytest.FixtureRequest) -> str:
     """Store kinds shared between processes."""
     return str(request.param)

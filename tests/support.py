@@ -19,12 +19,19 @@ MYSQL = {
 
 
 def mysql_connect(driver: str = "mysqlclient", **overrides: Any) -> Callable[[], Any]:
-    """A zero-argument connection factory, as users pass it to DedupConfig."""
+    """A zero-argument connection factory, as users pass it to DedupConfig: ``driver`` is
+    ``mysqlclient``, ``pymysql`` or ``mysql-connector`` (mysql-connector-python)."""
     params = {**MYSQL, **overrides}
     if driver == "pymysql":
         import pymysql
 
         return functools.partial(pymysql.connect, **params)
+    if driver == "mysql-connector":
+        import mysql.connector
+
+        return functools.partial(mysql.connector.connect, **params)
+    if driver != "mysqlclient":
+        raise ValueError(f"unknown MySQL driver {driver!r}")
     import MySQLdb
 
     return functools.partial(MySQLdb.connect, **params)

@@ -10,22 +10,27 @@ import pytest
 import redis
 
 from rocketmq_dedup import DedupElement, DedupStatus, StoreError
-from rocketmq_dedup.stores import coalesce
-from rocketmq_dedup.stores.coalesce import Coalescer, Request
-from rocketmq_dedup.stores.redis import RedisDedupStore
+from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
+from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request
 from tests.support import wait_for
 
-WAKERS = [coalesce._LockWaker]
+WAKERS: List[Any] = [coalesce.LockWaker]
 if hasattr(os, "eventfd"):
-    WAKERS.insert(0, coalesce._EventFdWaker)
+    WAKERS.insert(0, coalesce.EventFdWaker)
 
 
-@pytest.fixture(params=WAKERS, ids=lambda w: w.__name__.strip("_"), autouse=True)
-def waker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Every test runs with each way of waking a waiting thread (threads here are new, so
-    none holds a waker of the other kind)."""
-    monkeypatch.setattr(coalesce, "_new_waker", request.param)
+@pytest.fixture(params=WAKERS, ids=lambda w: w.__name__, autouse=True)
+def waker(request: pytest.FixtureRequest) -> Any:
+    """Every test runs with each way of waking a waiting thread (the coalescers and stores
+    here are made with it)."""
     return request.param
+
+
+def coalesced_store(client: redis.Redis, waker: Any) -> RedisDedupStore:
+    """A Redis store whose coalescer wakes its waiters with ``waker``."""
+    store = RedisDedupStore(client)
+    store._coalescer = Coalescer(store._execute, waker)
+    return store
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
@@ -37,14 +42,14 @@ def test_default_waker_is_an_eventfd_only_on_one_cpu() -> None:
 
     def probe(allowed: Set[int]) -> None:
         os.sched_setaffinity(0, allowed)  # this thread only
-        kinds.append(type(coalesce._default_waker()).__name__)
+        kinds.append(type(coalesce.default_waker()).__name__)
 
     for allowed in ({cpus[0]}, set(cpus)):
         thread = threading.Thread(target=probe, args=(allowed,))
         thread.start()
         thread.join(10)
-    several = "_EventFdWaker" if len(cpus) == 1 else "_LockWaker"
-    assert kinds == ["_EventFdWaker", several]
+    several = "EventFdWaker" if len(cpus) == 1 else "LockWaker"
+    assert kinds == ["EventFdWaker", several]
 
 
 def make_request(n: int = 1) -> Request:
@@ -87,7 +92,7 @@ def queue_callers(
     return callers
 
 
-def test_lone_request_runs_at_once_in_its_own_batch() -> None:
+def test_lone_request_runs_at_once_in_its_own_batch(waker: Any) -> None:
     """A request that arrives alone is executed immediately, by its own thread, alone."""
     batches: List[List[Request]] = []
 
@@ -96,16 +101,16 @@ def test_lone_request_runs_at_once_in_its_own_batch() -> None:
         for r in batch:
             r.result = threading.get_ident()
 
-    coalescer = Coalescer(execute)
+    coalescer = Coalescer(execute, waker)
     request = coalescer.run(make_request())
     assert request.result == threading.get_ident()
     assert [len(b) for b in batches] == [1]
 
 
-def test_requests_arriving_during_a_round_trip_share_the_next_one() -> None:
+def test_requests_arriving_during_a_round_trip_share_the_next_one(waker: Any) -> None:
     """While one batch is in flight, later requests queue and then run as one batch."""
     execute = Blocker()
-    coalescer = Coalescer(execute)
+    coalescer = Coalescer(execute, waker)
     first = start_blocked_round(coalescer, execute)
     results: List[Any] = []
     waiters = queue_callers(
@@ -137,18 +142,22 @@ def test_interrupted_waiter_is_withdrawn_and_never_stalls_the_others(
                 super().wait()
             raise Interrupted
 
+    made: List[Any] = []
+
+    def make_waker() -> Any:  # the first caller to wait is the interrupted one
+        made.append(InterruptedWaker() if not made else waker())
+        return made[-1]
+
     execute = Blocker()
-    coalescer = Coalescer(execute)
+    coalescer = Coalescer(execute, make_waker)
     first = start_blocked_round(coalescer, execute)
     outcome: List[Any] = []
 
     def interrupted_caller() -> None:
-        coalesce._local.waker = InterruptedWaker()
         try:
             coalescer.run(make_request())
         except Interrupted:
             outcome.append("interrupted")
-        outcome.append(getattr(coalesce._local, "waker", None))
 
     caller = threading.Thread(target=interrupted_caller)
     caller.start()
@@ -164,13 +173,14 @@ def test_interrupted_waiter_is_withdrawn_and_never_stalls_the_others(
     execute.release.set()
     for t in (first, caller, behind):
         t.join(10)
-    assert outcome == ["interrupted", None]  # and that thread drops its waker
+    assert outcome == ["interrupted"]
+    assert not any(w is made[0] for w in coalescer._spare)  # its waker is never reused
     assert results == ["done"]
     assert execute.batches == [1, 1]  # the withdrawn request was never executed
     assert coalescer.run(make_request()).result == "done"  # and the coalescer is idle again
 
 
-def test_interrupted_round_trip_fails_every_request_of_the_batch() -> None:
+def test_interrupted_round_trip_fails_every_request_of_the_batch(waker: Any) -> None:
     """If the leader's round trip is interrupted (execute raises a BaseException), the waiters
     of that batch get the error, never a silent success, and the coalescer is idle again."""
     execute = Blocker()
@@ -182,7 +192,7 @@ def test_interrupted_round_trip_fails_every_request_of_the_batch() -> None:
             raise Interrupted
         execute(batch)
 
-    coalescer = Coalescer(interrupted)
+    coalescer = Coalescer(interrupted, waker)
     first = start_blocked_round(coalescer, execute)
     served: List[Request] = []
 
@@ -205,24 +215,21 @@ def test_interrupted_round_trip_fails_every_request_of_the_batch() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX only")
-def test_forked_child_gets_an_idle_coalescer_and_its_own_waker() -> None:
-    """After fork the child never shares the parent's eventfd and never inherits a round in
-    flight: its coalescer is idle and serves requests."""
-    coalescer = Coalescer(lambda batch: [setattr(r, "result", "done") for r in batch])
-    parent_waker = coalesce._thread_waker()
+def test_forked_child_gets_an_idle_coalescer_and_no_parent_waker(waker: Any) -> None:
+    """After fork the child never shares the parent's eventfds and never inherits a round in
+    flight: its coalescer is idle, has no spare waker, and serves requests."""
+    coalescer = Coalescer(lambda batch: [setattr(r, "result", "done") for r in batch], waker)
+    parent_waker = waker()
+    coalescer._spare.append(parent_waker)
     coalescer._busy = True  # as if another thread of the parent were mid round trip
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status only
-        ok = (
-            getattr(coalesce._local, "waker", None) is None
-            and coalescer.run(make_request()).result == "done"
-            and coalesce._thread_waker() is not parent_waker
-        )
+        ok = coalescer._spare == [] and coalescer.run(make_request()).result == "done"
         os._exit(0 if ok else 1)
     coalescer._busy = False
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert coalesce._local.waker is parent_waker  # the parent keeps its own
+    assert coalescer._spare == [parent_waker]  # the parent keeps its own
 
 
 def test_failed_round_trip_raises_store_error(redis_client: redis.Redis) -> None:
@@ -232,10 +239,12 @@ def test_failed_round_trip_raises_store_error(redis_client: redis.Redis) -> None
         store.claim(DedupElement("a", "t", "", "k"), "o", 1000)
 
 
-def test_mixed_batch_after_script_flush(redis_client: redis.Redis, app_name: str) -> None:
+def test_mixed_batch_after_script_flush(
+    redis_client: redis.Redis, app_name: str, waker: Any
+) -> None:
     """A combined batch of claims, marks and releases runs in one pipeline and survives the
     server forgetting its scripts (SCRIPT FLUSH): scripts are reloaded and the batch rerun."""
-    store = RedisDedupStore(redis_client)
+    store = coalesced_store(redis_client, waker)
     a, b, c = (DedupElement(app_name, "t", "", k) for k in "abc")
     store.claim(b, "ob", 60_000)
     store.claim(c, "oc", 60_000)
@@ -263,7 +272,9 @@ def test_coalescing_can_be_disabled(redis_client: redis.Redis) -> None:
     assert RedisDedupStore(redis_client, coalesce=False)._coalescer is None
 
 
-def test_concurrent_threads_share_round_trips(redis_client: redis.Redis, app_name: str) -> None:
+def test_concurrent_threads_share_round_trips(
+    redis_client: redis.Redis, app_name: str, waker: Any
+) -> None:
     """8 threads x 200 fresh messages through one listener: every message handled once, no
     store error, and fewer round trips than messages x 2."""
     import logging
@@ -283,7 +294,7 @@ def test_concurrent_threads_share_round_trips(redis_client: redis.Redis, app_nam
         batches.append(len(batch))
         execute(batch)
 
-    store._coalescer = Coalescer(counting)
+    store._coalescer = Coalescer(counting, waker)
     listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
     errors: List[str] = []
     handler = logging.Handler()
@@ -320,14 +331,14 @@ def test_concurrent_threads_share_round_trips(redis_client: redis.Redis, app_nam
 
 
 def test_interrupted_round_trip_drops_the_connection(
-    redis_client: redis.Redis, app_name: str, monkeypatch: pytest.MonkeyPatch
+    redis_client: redis.Redis, app_name: str, monkeypatch: pytest.MonkeyPatch, waker: Any
 ) -> None:
     """An interrupt between two replies of a combined round trip drops the store's own
     connection, so the next round trip never reads the stale replies."""
-    store = RedisDedupStore(redis_client)
+    store = coalesced_store(redis_client, waker)
     a, b, c = (DedupElement(app_name, "t", "", k) for k in "abc")
-    assert store.claim(a, "oa", 60_000).claimed  # opens the store's connection
-    conn = store._own_connection()
+    assert store.claim(a, "oa", 60_000).claimed  # checks out the store's connection
+    conn = store._lease.conn
     real_read = conn.read_response
     reads: List[int] = []
 
@@ -345,7 +356,66 @@ def test_interrupted_round_trip_drops_the_connection(
     ]
     with pytest.raises(KeyboardInterrupt):
         store._execute(batch)
-    assert store._conn is None
+    assert store._lease.conn is None
+    assert conn not in redis_client.connection_pool._in_use_connections  # given back
     assert store.claim(c, "oc", 60_000).claimed
     assert store.claim(b, "other", 60_000) == (False, DedupStatus.CONSUMING)
     assert store.get_status(a) is DedupStatus.CONSUMED
+
+
+class CountingFactory:
+    """A waker factory that counts the wakers it makes."""
+
+    def __init__(self, waker: Any) -> None:
+        self.waker = waker
+        self.made = 0
+
+    def __call__(self) -> Any:
+        self.made += 1
+        return self.waker()
+
+
+def test_fresh_threads_reuse_spare_wakers(waker: Any) -> None:
+    """Waiters on threads that live for one call each (as native callbacks do) reuse the
+    wakers of earlier waiters: 5 rounds of 3 new waiting threads make 3 wakers, not 15."""
+    factory = CountingFactory(waker)
+    rounds: List[Blocker] = []
+    coalescer = Coalescer(lambda batch: rounds[-1](batch), factory)
+    results: List[Any] = []
+
+    def call() -> None:
+        results.append(coalescer.run(make_request()).result)
+
+    for _ in range(5):
+        rounds.append(Blocker())
+        first = start_blocked_round(coalescer, rounds[-1])
+        waiters = queue_callers(coalescer, call, 3)
+        rounds[-1].release.set()
+        for t in [first, *waiters]:
+            t.join(10)
+            assert not t.is_alive()
+    assert results == ["done"] * 15
+    assert factory.made == 3
+    assert len(coalescer._spare) == 3
+
+
+def test_spare_wakers_are_bounded_and_the_rest_closed(waker: Any) -> None:
+    """At most spare_wakers idle wakers are kept; the others are dropped (an eventfd closes)."""
+    factory = CountingFactory(waker)
+    execute = Blocker()
+    coalescer = Coalescer(execute, factory, spare_wakers=2)
+    fds_before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    first = start_blocked_round(coalescer, execute)
+    waiters = queue_callers(coalescer, lambda: coalescer.run(make_request()), 6)
+    execute.release.set()
+    for t in [first, *waiters]:
+        t.join(10)
+        assert not t.is_alive()
+    assert factory.made == 6
+    assert len(coalescer._spare) == 2
+    if fds_before:
+        import gc
+
+        gc.collect()
+        opened = len(os.listdir("/proc/self/fd")) - fds_before
+        assert opened <= (2 if waker is coalesce.EventFdWaker else 0)

@@ -133,7 +133,7 @@ def test_longest_durations_are_accepted() -> None:
 @pytest.mark.parametrize("kind", ["redis", "mysql"])
 def test_unreachable_store_fails_at_construction_naming_its_address(kind: str) -> None:
     """check_store (the default): a store that is not there is a DedupConfigError naming it."""
-    client = redis.Redis(port=1) if kind == "redis" else mysql_connect(port=1)
+    client = redis.Redis(host="127.0.0.1", port=1) if kind == "redis" else mysql_connect(port=1)
     with pytest.raises(DedupConfigError, match=r"127\.0\.0\.1:1\b.*check_store=False"):
         DedupConfig.enable_dedup_consume_config("app", client)
 

@@ -178,7 +178,8 @@ def test_reconnects_after_server_restart(mysql_table: str, app_name: str) -> Non
 
 
 @pytest.mark.parametrize(
-    ("driver", "runner"), [("mysqlclient", "_MySQLdbRunner"), ("pymysql", "_Runner")]
+    ("driver", "runner"),
+    [("mysqlclient", "MySQLdbRunner"), ("pymysql", "Runner"), ("mysql-connector", "Runner")],
 )
 def test_statements_run_through_the_drivers_fastest_api(
     mysql_table: str, app_name: str, driver: str, runner: str
@@ -187,7 +188,9 @@ def test_statements_run_through_the_drivers_fastest_api(
     store = MySQLDedupStore(mysql_connect(driver), mysql_table)
     element = DedupElement(app_name, "T", "tag", "k'\\%s")
     assert store.claim(element, "o1", 5_000).claimed
-    assert type(store._runner()).__name__ == runner
+    taken = store._pool.take()
+    assert type(taken).__name__ == runner
+    store._pool.give(taken)
     assert store.get_status(element) is DedupStatus.CONSUMING
     assert store.release(element, "o1")
     store.close()

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import gc
+import threading
+import uuid
+import weakref
+from typing import Any, Iterator, List
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from rocketmq_dedup import (
     ConsumeStatus,
@@ -14,7 +20,10 @@ from rocketmq_dedup import (
     DedupElement,
     DedupStatus,
 )
-from rocketmq_dedup.stores.redis import RedisDedupStore
+from rocketmq_dedup.errors import StoreError, StoreUnavailableError
+from rocketmq_dedup.message import to_text
+from rocketmq_dedup.stores.redis import RedisDedupStore, transport
+from rocketmq_dedup.stores.redis.coalesce import Request
 from tests.support import REDIS_URL, ClassicMessage
 
 
@@ -115,3 +124,247 @@ def test_both_claim_paths_agree(redis_client: redis.Redis, app_name: str, set_nx
     assert store.claim(e, "o2", 60_000) == (False, DedupStatus.CONSUMING)
     store.mark_consumed(e, "o1", 60_000)
     assert store.claim(e, "o2", 60_000) == (False, DedupStatus.CONSUMED)
+
+
+# -- errors: wrapped once; an outage is not a defect ------------------------------------------
+
+
+def closed_port_client() -> redis.Redis:
+    """A client of a port nothing listens on (1), failing fast."""
+    return redis.Redis(
+        host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0), socket_connect_timeout=0.2
+    )
+
+
+@pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "direct"])
+def test_unreachable_server_is_an_outage(coalesce: bool) -> None:
+    """A refused connection raises StoreUnavailableError, wrapped once, naming the address."""
+    store = RedisDedupStore(closed_port_client(), coalesce=coalesce)
+    with pytest.raises(StoreUnavailableError) as caught:
+        store.claim(DedupElement("a", "t", "", "k"), "o", 1000)
+    assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    assert str(caught.value).startswith("Redis 127.0.0.1:1/0: ConnectionError")
+
+
+def test_bug_inside_the_store_is_not_an_outage(
+    redis_client: redis.Redis, app_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TypeError raised inside the store is a plain StoreError (not an outage), wrapped once,
+    and the store works again once the defect is gone."""
+    store = RedisDedupStore(redis_client)
+    e = DedupElement(app_name, "t", "", "k")
+
+    def broken(commands: Any) -> bytes:
+        raise TypeError("packer bug")
+
+    monkeypatch.setattr(transport, "pack_commands", broken)
+    with pytest.raises(StoreError) as caught:
+        store.claim(e, "o", 60_000)
+    assert not isinstance(caught.value, StoreUnavailableError)
+    assert type(caught.value.__cause__) is TypeError
+    assert str(caught.value) == "Redis 127.0.0.1:16379/0: TypeError: packer bug"
+    monkeypatch.undo()
+    assert store.claim(e, "o", 60_000).claimed
+
+
+def test_every_request_of_a_failed_round_gets_the_original_error(
+    redis_client: redis.Redis, app_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed combined round trip hands its error, unwrapped, to every request in it."""
+    store = RedisDedupStore(redis_client)
+    error = TypeError("packer bug")
+
+    def broken(commands: Any) -> bytes:
+        raise error
+
+    monkeypatch.setattr(transport, "pack_commands", broken)
+    key = store.record_key(DedupElement(app_name, "t", "", "k"))
+    batch = [Request("claim", 1000, [key], ["CONSUMING:a"]), Request("mark", 1000, [key], ["x"])]
+    store._execute(batch)
+    assert [r.error for r in batch] == [error, error]
+
+
+def test_error_reply_is_an_outage(redis_client: redis.Redis, app_name: str) -> None:
+    """A server error reply (here WRONGTYPE) is an outage: the server could not write."""
+    store = RedisDedupStore(redis_client)
+    e = DedupElement(app_name, "t", "", "a-list")
+    redis_client.rpush(store.record_key(e), "not a record")
+    with pytest.raises(StoreUnavailableError) as caught:
+        store.claim(e, "o", 60_000)
+    assert isinstance(caught.value.__cause__, redis.ResponseError)
+
+
+def test_outage_classification(redis_client: redis.Redis) -> None:
+    """Connection, timeout, error replies and socket errors are outages; DataError and
+    programming errors are not."""
+    store = RedisDedupStore(redis_client)
+    outages: List[Exception] = [redis.ConnectionError(), redis.TimeoutError()]
+    outages += [redis.ResponseError("OOM")]
+    outages += [redis.exceptions.NoScriptError(), OSError(104, "reset")]
+    defects = [redis.DataError("bad arg"), TypeError(), UnicodeEncodeError("utf-8", "", 0, 1, "")]
+    assert [store.is_outage(e) for e in outages] == [True] * 5
+    assert [store.is_outage(e) for e in defects] == [False] * 3
+
+
+# -- keys with any code point ---------------------------------------------------------------
+
+ODD_KEYS = {
+    "lone-high-surrogate": "order-\ud83d",
+    "lone-low-surrogate": "\udcff",
+    "bytes-derived": to_text(b"order-\xff\xfe\x80"),
+    "emoji": "order-\U0001f600",
+    "cjk": "\u8a02\u55ae-\u4e2d\u6587",
+}
+
+
+@pytest.fixture(params=["coalesced", "direct", "cluster"])
+def any_store(request: pytest.FixtureRequest) -> RedisDedupStore:
+    """The three ways the Redis store sends commands."""
+    if request.param == "cluster":
+        return RedisDedupStore(request.getfixturevalue("redis_cluster_client"))
+    client = request.getfixturevalue("redis_client")
+    return RedisDedupStore(client, coalesce=request.param == "coalesced")
+
+
+@pytest.mark.parametrize("key", list(ODD_KEYS.values()), ids=list(ODD_KEYS))
+def test_keys_with_any_code_point(any_store: RedisDedupStore, app_name: str, key: str) -> None:
+    """Claim, status, mark and release work on keys with lone surrogates, bytes-derived text,
+    emoji and CJK."""
+    e = DedupElement(app_name, "T", "", key)
+    assert any_store.claim(e, "o1", 60_000).claimed
+    assert any_store.get_status(e) is DedupStatus.CONSUMING
+    assert any_store.claim(e, "o2", 60_000) == (False, DedupStatus.CONSUMING)
+    assert any_store.renew_many([e], ["o1"], 60_000) == [True]
+    assert any_store.release(e, "o1") is True
+    assert any_store.get_status(e) is None
+    assert any_store.claim(e, "o1", 60_000).claimed
+    any_store.mark_consumed(e, "o1", 60_000)
+    assert any_store.get_status(e) is DedupStatus.CONSUMED
+
+
+def test_str_key_and_bytes_derived_key_share_a_record(
+    redis_client: redis.Redis, app_name: str
+) -> None:
+    """A key given as text and the same key decoded from the message's bytes are one record,
+    stored under the key's UTF-8 bytes."""
+    store = RedisDedupStore(redis_client)
+    for text, raw in [("\u8a02\u55ae-1", "\u8a02\u55ae-1".encode()), ("k-\udcff", b"k-\xff")]:
+        as_text = DedupElement(app_name, "T", "", text)
+        from_bytes = DedupElement(app_name, "T", "", to_text(raw))
+        assert store.claim(as_text, "o1", 60_000).claimed
+        assert store.claim(from_bytes, "o2", 60_000) == (False, DedupStatus.CONSUMING)
+        assert redis_client.get(f"MSGDEDUP:{app_name}:T::".encode() + raw) == b"CONSUMING:o1"
+
+
+# -- check and describe ---------------------------------------------------------------------
+
+
+def test_check_pings_the_server(redis_client: redis.Redis) -> None:
+    """check() passes against a live server and raises StoreUnavailableError without one."""
+    RedisDedupStore(redis_client).check()
+    with pytest.raises(StoreUnavailableError):
+        RedisDedupStore(closed_port_client()).check()
+
+
+def test_check_pings_the_cluster(redis_cluster_client: Any) -> None:
+    """check() on a cluster pings it; describe() names its nodes."""
+    store = RedisDedupStore(redis_cluster_client)
+    store.check()
+    assert store.describe().startswith("Redis Cluster 127.0.0.1:1700")
+
+
+def test_describe_names_the_address_never_the_password() -> None:
+    """describe() gives host:port/db or the unix socket path, without credentials."""
+    tcp = redis.Redis(host="127.0.0.1", port=16379, db=3, username="u", password="s3cret")
+    assert RedisDedupStore(tcp).describe() == "Redis 127.0.0.1:16379/3"
+    unix = redis.Redis(unix_socket_path="/run/redis.sock", password="s3cret")
+    assert RedisDedupStore(unix).describe() == "Redis unix:/run/redis.sock/0"
+    url = redis.Redis.from_url("redis://:s3cret@127.0.0.1:16379/2")
+    assert "s3cret" not in RedisDedupStore(url).describe()
+
+
+# -- lifecycle --------------------------------------------------------------------------------
+
+
+def named_connections(redis_client: redis.Redis, name: str) -> int:
+    """Connections the server has open for clients named ``name``."""
+    return sum(1 for c in redis_client.client_list() if c.get("name") == name)
+
+
+def test_dropped_stores_leave_no_connection_and_no_thread(
+    redis_client: redis.Redis, app_name: str
+) -> None:
+    """60 stores created, used and dropped without close(): no connection left open, none
+    left checked out of the pool, no thread, no store kept alive."""
+    name = f"lifecycle-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(REDIS_URL, client_name=name)
+    threads = threading.active_count()
+    refs: List[Any] = []
+    for i in range(60):
+        store = RedisDedupStore(client)
+        assert store.claim(DedupElement(app_name, "T", "", str(i)), "o", 60_000).claimed
+        refs.append(weakref.ref(store))
+        del store
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    assert named_connections(redis_client, name) == 0
+    assert threading.active_count() == threads
+    RedisDedupStore(client).close()  # gives the dropped stores' connections back to the pool
+    assert len(client.connection_pool._in_use_connections) == 0
+    client.close()
+
+
+def test_closed_store_gives_its_connection_back(redis_client: redis.Redis, app_name: str) -> None:
+    """close() returns the store's connection to the client's pool, disconnected; the store
+    takes one again when used after close()."""
+    name = f"close-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(REDIS_URL, client_name=name)
+    store = RedisDedupStore(client)
+    assert store.claim(DedupElement(app_name, "T", "", "k"), "o", 60_000).claimed
+    assert named_connections(redis_client, name) == 1
+    store.close()
+    assert named_connections(redis_client, name) == 0
+    assert len(client.connection_pool._in_use_connections) == 0
+    assert store.claim(DedupElement(app_name, "T", "", "k2"), "o", 60_000).claimed
+    store.close()
+    client.close()
+
+
+def test_key_head_cache_is_bounded_in_bytes(redis_client: redis.Redis) -> None:
+    """Long key heads are never cached, and the cache holds a bounded number of heads."""
+    store = RedisDedupStore(redis_client)
+    long_topic = "T" * 4096
+    key = store.record_key(DedupElement("app", long_topic, "", "k"))
+    assert key == b"MSGDEDUP:app:" + long_topic.encode() + b"::k"
+    assert store._keys._heads == {}
+    for i in range(2000):
+        store.record_key(DedupElement("app", f"topic-{i}", "", "k"))
+    assert 0 < len(store._keys._heads) <= 256
+    assert sum(map(len, store._keys._heads.values())) <= 256 * 1024
+
+
+# -- operator operations (the CLI) ----------------------------------------------------------
+
+
+def test_inspect_delete_and_stats(any_store: RedisDedupStore, app_name: str) -> None:
+    """inspect shows a record with its owner and time left; delete removes a claim but keeps
+    a CONSUMED record unless forced; stats counts the application's records by status."""
+    app = app_name + "*[x]:{y}"  # glob and escaped characters stay literal
+    stuck, done = DedupElement(app, "T", "TagA", "k:1"), DedupElement(app, "T", "TagA", "k2")
+    other = DedupElement(app_name + "x", "T", "TagA", "k3")  # another application
+    assert any_store.claim(stuck, "owner-1", 60_000).claimed
+    any_store.mark_consumed(done, "owner-2", 600_000)
+    any_store.mark_consumed(other, "owner-3", 600_000)
+    info = any_store.inspect(stuck)
+    assert info is not None
+    assert (info.element, info.status, info.owner) == (stuck, DedupStatus.CONSUMING, "owner-1")
+    assert info.expires_in_ms is not None and 0 < info.expires_in_ms <= 60_000
+    stats = any_store.stats(app)
+    assert stats.counts == {"CONSUMING": 1, "CONSUMED": 1}
+    assert [r.element for r in stats.oldest_claims] == [stuck]
+    assert any_store.delete(done) is None
+    assert any_store.get_status(done) is DedupStatus.CONSUMED
+    assert any_store.delete(stuck) is DedupStatus.CONSUMING
+    assert any_store.delete(done, force=True) is DedupStatus.CONSUMED
+    assert any_store.inspect(stuck) is None and any_store.inspect(done) is None
+    assert any_store.stats(app).counts == {}

@@ -15,15 +15,23 @@ from rocketmq_dedup.stores.redis import RedisDedupStore, is_redis_client
 #: The options each kind of store takes (keywords of its constructor).
 _OPTIONS_BY_STORE = {
     RedisDedupStore: frozenset({"key_prefix"}),
-    MySQLDedupStore: frozenset({"table_name", "pool_size"}),
+    MySQLDedupStore: frozenset({"table_name", "pool_size", "pool_timeout"}),
 }
 STORE_OPTIONS = frozenset().union(*_OPTIONS_BY_STORE.values())
+
+
+def is_sqlalchemy_engine(client: Any) -> bool:
+    """True for a SQLAlchemy ``Engine`` (never imports SQLAlchemy)."""
+    kind = type(client)
+    return kind.__module__.startswith("sqlalchemy") and hasattr(client, "raw_connection")
 
 
 def make_store(client: Any, **options: Any) -> DedupStore:
     """The store for ``client``: a redis-py ``Redis``/``RedisCluster`` -> :class:`RedisDedupStore`;
     a :class:`DedupStore` as it is; an object with ``claim``, ``mark_consumed`` and ``release`` ->
-    its adapter; any other callable -> :class:`MySQLDedupStore` (a connection factory).
+    its adapter; a SQLAlchemy ``Engine`` -> :class:`MySQLDedupStore` on the engine
+    (:meth:`MySQLDedupStore.from_engine`); any other callable -> :class:`MySQLDedupStore` (a
+    connection factory).
     ``options`` go to the store's constructor; an option the store does not take is an error."""
     if client is None:
         raise DedupConfigError(
@@ -37,7 +45,10 @@ def make_store(client: Any, **options: Any) -> DedupStore:
             "instance (redis.Redis(...)) or a zero-argument MySQL connection factory"
         )
     kind: Any
-    if is_redis_client(client):
+    engine = is_sqlalchemy_engine(client)  # not callable: it would be refused below
+    if engine:
+        kind = MySQLDedupStore
+    elif is_redis_client(client):
         kind = RedisDedupStore
     elif isinstance(client, DedupStore) or looks_like_store(client):
         kind = None
@@ -59,6 +70,8 @@ def make_store(client: Any, **options: Any) -> DedupStore:
         )
     if kind is None:
         return client if isinstance(client, DedupStore) else ForeignStore(client)
+    if engine:
+        return MySQLDedupStore.from_engine(client, **options)
     store: DedupStore = kind(client, **options)
     return store
 

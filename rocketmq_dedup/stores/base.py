@@ -20,10 +20,23 @@ Contract every store honours (tested in ``tests/test_store_contract.py``):
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Type, TypeVar
+import time
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    TypeVar,
+)
 
 from rocketmq_dedup.errors import DedupError, StoreError, StoreUnavailableError
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.owner import claimed_at
 from rocketmq_dedup.status import DedupStatus
 
 T = TypeVar("T")
@@ -37,6 +50,36 @@ class ClaimResult(NamedTuple):
     status: Optional[DedupStatus]
     """When not claimed: the live record's status (None if the store holds a value it does
     not understand, e.g. written by another program)."""
+
+
+class RecordInfo(NamedTuple):
+    """A live record, as an operator sees it (``rocketmq-dedup inspect``/``stats``)."""
+
+    element: DedupElement
+    """Its element; on MySQL the readable columns (the first 255 characters of each field)."""
+    status: Optional[DedupStatus]
+    """None when the store holds a value this library does not understand."""
+    owner: str
+    """The owner token of the claim that wrote it."""
+    expires_in_ms: Optional[int]
+    """Time left before the lease or the retention ends; None when it never expires."""
+
+
+class StoreStats(NamedTuple):
+    """Live records of one application, by status, and its longest-held claims."""
+
+    counts: Dict[str, int]
+    """Records by status (``CONSUMING``, ``CONSUMED``; ``other`` for unreadable values)."""
+    oldest_claims: List[RecordInfo]
+    """CONSUMING records, longest held first (claims made by this library carry their time)."""
+
+
+class Diagnosis(NamedTuple):
+    """One check of ``rocketmq-dedup check``."""
+
+    name: str
+    ok: bool
+    detail: str
 
 
 CLAIMED = ClaimResult(True, DedupStatus.CONSUMING)
@@ -112,6 +155,27 @@ class DedupStore(abc.ABC):
         connect and ``SELECT 1``). Raises :class:`StoreError`."""
         self._call(self.do_check)
 
+    # -- operator API (the CLI) ---------------------------------------------------------
+
+    def inspect(self, element: DedupElement) -> Optional[RecordInfo]:
+        """The live record of ``element``, or None."""
+        return self._call(self.do_inspect, element)
+
+    def delete(self, element: DedupElement, force: bool = False) -> Optional[DedupStatus]:
+        """Delete the live record of ``element`` if it is CONSUMING (a stuck claim; any owner),
+        or whatever it is with ``force``. Returns the status of the record deleted, or None
+        when nothing was deleted (no record; or CONSUMED without ``force``)."""
+        return self._call(self.do_delete, element, force)
+
+    def stats(self, application: str, limit: int = 10) -> StoreStats:
+        """Live records of ``application`` by status, and its ``limit`` longest-held claims."""
+        return self._call(self.do_stats, application, limit)
+
+    def diagnose(self) -> List[Diagnosis]:
+        """Checks of the server and the features this store uses (version, scripts, table
+        layout, round-trip time), for ``rocketmq-dedup check``."""
+        return self._call(self.do_diagnose)
+
     def describe(self) -> str:
         """Where the records live, for messages (an address; never a password)."""
         return type(self).__name__
@@ -169,6 +233,20 @@ class DedupStore(abc.ABC):
     def do_check(self) -> None:  # noqa: B027 - optional hook
         """Prove the store is reachable; the default has nothing to check."""
 
+    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
+        raise NotImplementedError(f"{type(self).__name__} cannot inspect records")
+
+    def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        raise NotImplementedError(f"{type(self).__name__} cannot delete records")
+
+    def do_stats(self, application: str, limit: int) -> StoreStats:
+        raise NotImplementedError(f"{type(self).__name__} cannot list records")
+
+    def do_diagnose(self) -> List[Diagnosis]:
+        begin = time.perf_counter()
+        self.do_check()
+        return [Diagnosis("reachable", True, round_trip(time.perf_counter() - begin))]
+
 
 class PerElementStore(DedupStore):
     """A store whose batch hooks loop over its single-element hooks (memory, user stores):
@@ -196,6 +274,27 @@ class PerElementStore(DedupStore):
 
     def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
         return sum(self.do_release(e, o) for e, o in zip(elements, owners))
+
+
+def round_trip(seconds: float) -> str:
+    """A round-trip time for a diagnosis line."""
+    return f"round trip {seconds * 1000:.2f} ms"
+
+
+def oldest_claims(records: List[RecordInfo], limit: int) -> List[RecordInfo]:
+    """The CONSUMING records among ``records``, longest held first (then least time left)."""
+    claims = [r for r in records if r.status is DedupStatus.CONSUMING]
+    claims.sort(key=lambda r: (claimed_at(r.owner) or float("inf"), r.expires_in_ms or 0))
+    return claims[:limit]
+
+
+def count_statuses(records: List[RecordInfo]) -> Dict[str, int]:
+    """Records by status value (``other`` for unreadable ones)."""
+    counts: Dict[str, int] = {}
+    for record in records:
+        name = record.status.value if record.status is not None else "other"
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def parse_status(value: Optional[str]) -> Optional[DedupStatus]:

@@ -14,6 +14,10 @@ from rocketmq_dedup.stores.base import (
     HELD_BY_OTHER,
     ClaimResult,
     PerElementStore,
+    RecordInfo,
+    StoreStats,
+    count_statuses,
+    oldest_claims,
 )
 
 _Record = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
@@ -104,3 +108,32 @@ class MemoryDedupStore(PerElementStore):
         with self._lock:
             record = self._live(element, self._clock())
         return record[0] if record is not None else None
+
+    # -- operator API --------------------------------------------------------------------
+
+    def _info(self, element: DedupElement, record: _Record, now: float) -> RecordInfo:
+        return RecordInfo(element, record[0], record[1], max(0, round((record[2] - now) * 1000)))
+
+    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
+        now = self._clock()
+        with self._lock:
+            record = self._live(element, now)
+        return self._info(element, record, now) if record is not None else None
+
+    def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        with self._lock:
+            record = self._live(element, self._clock())
+            if record is None or (record[0] is DedupStatus.CONSUMED and not force):
+                return None
+            del self._records[element]
+        return record[0]
+
+    def do_stats(self, application: str, limit: int) -> StoreStats:
+        now = self._clock()
+        with self._lock:
+            records = [
+                self._info(e, r, now)
+                for e, r in self._records.items()
+                if e.application == application and r[2] > now
+            ]
+        return StoreStats(count_statuses(records), oldest_claims(records, limit))

@@ -10,7 +10,7 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from rocketmq_dedup import MySQLDedupStore
-from samples.rocketmq_clients import Producer, installed_client
+from tests.e2e.clients import Producer, installed_client
 from tests.e2e.harness import REPO, create_tables, rocketmq_script
 from tests.support import mysql_connect
 

@@ -20,7 +20,7 @@ import redis
 
 from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
 from rocketmq_dedup.message import get_property, message_id, reconsume_times
-from samples.rocketmq_clients import start_push_consumer
+from tests.e2e.clients import start_push_consumer
 from tests.support import REDIS_URL, mysql_connect
 
 BIZ_KEY = "biz_key"

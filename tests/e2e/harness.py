@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from samples.rocketmq_clients import Producer
+from tests.e2e.clients import Producer
 from tests.e2e.consumer_app import BIZ_KEY, SCHEMA
 from tests.support import mysql_connect, wait_for
 

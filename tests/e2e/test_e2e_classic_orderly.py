@@ -8,7 +8,7 @@ from typing import List, Tuple
 
 import pytest
 
-from samples.rocketmq_clients import Producer
+from tests.e2e.clients import Producer
 from tests.e2e.harness import ConsumerProcess, Run, settings_for
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import pytest
 
 from rocketmq_dedup import DedupConfig
 from rocketmq_dedup.adapters.grpc import SimpleRound, consume_simple
-from samples.rocketmq_clients import PROXY, Producer
+from tests.e2e.clients import PROXY, Producer
 from tests.e2e.consumer_app import E2EListener, Recorder
 from tests.e2e.harness import Run, settings_for
 

@@ -1,0 +1,184 @@
+"""The MySQL store's SQL text: the table, and one statement per operation (``{table}`` is
+the quoted table name, ``{rows}``/``{marks}`` the placeholders of a multi-row statement)."""
+
+from __future__ import annotations
+
+import re
+from typing import List
+
+from rocketmq_dedup.errors import DedupConfigError
+
+DEFAULT_TABLE_NAME = "t_rocketmq_dedup"
+_TABLE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,63}(\.[A-Za-z_][A-Za-z0-9_$]{0,63})?$")
+
+# The database server's clock, in epoch milliseconds (the session time zone is UTC).
+NOW_MS = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
+
+SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  dedup_key        BINARY(32)      NOT NULL COMMENT 'SHA-256 of (application, topic, tag, key)',
+  application_name VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  topic            VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  tag              VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  msg_uniq_key     VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
+  status           VARCHAR(16)     NOT NULL COMMENT 'CONSUMING or CONSUMED',
+  owner_token      VARCHAR(64)     NOT NULL COMMENT 'the claim that wrote the row',
+  expire_time      BIGINT          NOT NULL COMMENT 'epoch ms, database server clock',
+  deliveries       BIGINT UNSIGNED NOT NULL DEFAULT 1 COMMENT 'claims and duplicates seen',
+  PRIMARY KEY (dedup_key)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
+
+_COLUMNS = "dedup_key, application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time"
+
+# One row per element: a fresh CONSUMING claim, or the takeover of an expired record.
+# Assignments run left to right, so expire_time is compared before it is overwritten.
+# `deliveries` always changes, so rowcount is 1 for an insert and 2 for an existing row,
+# with or without the CLIENT_FOUND_ROWS flag.
+CLAIM_SQL = f"""\
+INSERT INTO {{table}} ({_COLUMNS}) VALUES {{rows}}
+ON DUPLICATE KEY UPDATE
+  deliveries = deliveries + 1,
+  status = IF(expire_time <= {NOW_MS}, VALUES(status), status),
+  owner_token = IF(expire_time <= {NOW_MS}, VALUES(owner_token), owner_token),
+  expire_time = IF(expire_time <= {NOW_MS}, VALUES(expire_time), expire_time)"""
+
+# Claims fresh elements only: rows that exist (live or expired) are skipped, not touched.
+INSERT_CLAIM_SQL = f"INSERT IGNORE INTO {{table}} ({_COLUMNS}) VALUES {{rows}}"
+
+CLAIM_ROW = f"(%s, %s, %s, %s, %s, 'CONSUMING', %s, {NOW_MS} + %s)"
+
+# A success is always recorded, whoever holds the row now.
+MARK_CONSUMED_SQL = f"""\
+INSERT INTO {{table}} ({_COLUMNS}) VALUES {{rows}}
+ON DUPLICATE KEY UPDATE
+  status = VALUES(status), owner_token = VALUES(owner_token), expire_time = VALUES(expire_time)"""
+
+MARK_CONSUMED_ROW = f"(%s, %s, %s, %s, %s, 'CONSUMED', %s, {NOW_MS} + %s)"
+
+SELECT_SQL = (
+    f"SELECT dedup_key, status, owner_token FROM {{table}} "
+    f"WHERE dedup_key IN ({{marks}}) AND expire_time > {NOW_MS}"
+)
+RELEASE_SQL = (
+    "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
+)
+MARK_SQL = (
+    f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, "
+    f"expire_time = {NOW_MS} + %s WHERE dedup_key = %s"
+)
+RENEW_SQL = (
+    f"UPDATE {{table}} SET expire_time = {NOW_MS} + %s "
+    "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
+)
+# The purge's scan: the next batch of keys after a key, in primary-key order (a consistent,
+# unlocked read), each with whether it has expired on the server's clock.
+PURGE_SCAN_SQL = (
+    f"SELECT dedup_key, expire_time <= {NOW_MS} FROM {{table}} "
+    "WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
+)
+# Deletes the listed rows that are still expired (one may have been taken over since the scan).
+PURGE_SQL = f"DELETE FROM {{table}} WHERE dedup_key IN ({{marks}}) AND expire_time <= {NOW_MS}"
+# The operator's view (rocketmq-dedup inspect/release/stats): readable columns, time left.
+_RECORD_COLUMNS = (
+    f"application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time - {NOW_MS}"
+)
+INSPECT_SQL = (
+    f"SELECT {_RECORD_COLUMNS} FROM {{table}} WHERE dedup_key = %s AND expire_time > {NOW_MS}"
+)
+# Deletes a live record only if it still has the status the operator saw.
+DELETE_SQL = (
+    f"DELETE FROM {{table}} WHERE dedup_key = %s AND status = %s AND expire_time > {NOW_MS}"
+)
+STATS_SQL = (
+    f"SELECT status, COUNT(*) FROM {{table}} "
+    f"WHERE application_name = %s AND expire_time > {NOW_MS} GROUP BY status"
+)
+CLAIMS_SQL = (
+    f"SELECT {_RECORD_COLUMNS} FROM {{table}} "
+    f"WHERE application_name = %s AND status = 'CONSUMING' AND expire_time > {NOW_MS}"
+)
+# The columns and primary key the store needs (rocketmq-dedup check).
+COLUMNS_SQL = (
+    "SELECT column_name, column_key FROM information_schema.columns "
+    "WHERE table_schema = COALESCE(%s, DATABASE()) AND table_name = %s"
+)
+REQUIRED_COLUMNS = (*(c.strip() for c in _COLUMNS.split(",")), "deliveries")
+VERSION_SQL = "SELECT VERSION()"
+# Run on every new connection, after the driver switched the session to utf8mb4.
+SESSION_SQL = "SET time_zone = '+00:00'"
+CHECK_SQL = "SELECT 1"
+
+
+def validate_table_name(name: str) -> str:
+    """Return ``name`` if it is a plain (optionally schema-qualified) identifier."""
+    if not isinstance(name, str) or not _TABLE_NAME_RE.match(name):
+        raise DedupConfigError(
+            f"invalid table_name {name!r}: use letters, digits, _ or $ (optionally db.table)"
+        )
+    return name
+
+
+def schema_sql(table_name: str = DEFAULT_TABLE_NAME) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement for the dedup table."""
+    return SCHEMA_SQL.format(table=quote_table(validate_table_name(table_name)))
+
+
+def quote_table(table_name: str) -> str:
+    """The (validated) name as an identifier: each dot-separated part in backquotes."""
+    return ".".join(f"`{part}`" for part in table_name.split("."))
+
+
+# -- exactly-once mode (rocketmq_dedup.transactional) --------------------------------------------
+
+#: The sequence table is named after the dedup table: ``<table>_seq``.
+SEQUENCE_TABLE_SUFFIX = "_seq"
+
+SEQUENCE_SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  entity_key       BINARY(32)   NOT NULL COMMENT 'SHA-256 of (application, entity)',
+  application_name VARCHAR(255) NOT NULL COMMENT 'first 255 characters, for operators',
+  entity           VARCHAR(255) NOT NULL COMMENT 'first 255 characters, for operators',
+  last_seq         BIGINT       NULL     COMMENT 'last sequence number applied; NULL: none yet',
+  PRIMARY KEY (entity_key)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
+
+# Inside the business transaction: lock the entity's row, creating it when it is new. An upsert
+# takes an exclusive lock on an existing row at once (INSERT IGNORE would take a shared one,
+# and two transactions upgrading shared locks to exclusive ones deadlock).
+SEQUENCE_LOCK_SQL = (
+    "INSERT INTO {table} (entity_key, application_name, entity, last_seq) "
+    "VALUES (%s, %s, %s, NULL) ON DUPLICATE KEY UPDATE last_seq = last_seq"
+)
+SEQUENCE_READ_SQL = "SELECT last_seq FROM {table} WHERE entity_key = %s FOR UPDATE"
+SEQUENCE_SET_SQL = "UPDATE {table} SET last_seq = %s WHERE entity_key = %s"
+
+# The owner-fenced CONSUMED write, the last statement before COMMIT: only the claim's owner,
+# while its record is still its CONSUMING claim, can turn it into CONSUMED. Any other attempt
+# (its lease lapsed and another copy took over, or the record was deleted) matches no row.
+FENCED_MARK_SQL = (
+    f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, expire_time = {NOW_MS} + %s "
+    "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
+)
+# When the fenced write matched no row: a plain INSERT of the CONSUMED record. The primary key
+# refuses it if any record of the key exists (another copy's claim or CONSUMED record); it
+# succeeds only if the record was lost, and then no other attempt can commit the key after it.
+FENCED_INSERT_SQL = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES {MARK_CONSUMED_ROW}"
+START_TRANSACTION_SQL = "START TRANSACTION"
+#: The server's "duplicate entry" error (ER_DUP_ENTRY).
+DUPLICATE_ENTRY = 1062
+
+
+def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> str:
+    """The sequence table that goes with the dedup table ``table_name`` (same schema)."""
+    return validate_table_name(validate_table_name(table_name) + SEQUENCE_TABLE_SUFFIX)
+
+
+def sequence_schema_sql(table_name: str = DEFAULT_TABLE_NAME) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement for the sequence table of ``table_name``."""
+    return SEQUENCE_SCHEMA_SQL.format(table=quote_table(sequence_table_name(table_name)))
+
+
+def all_schema_sql(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
+    """Every table the store uses, plain and exactly-once mode: the dedup table, then the
+    sequence table."""
+    return [schema_sql(table_name), sequence_schema_sql(table_name)]

@@ -1,0 +1,623 @@
+"""The MySQL store itself: validation, operations over pooled connections, the purge."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+
+from rocketmq_dedup.errors import DedupConfigError, StoreError
+from rocketmq_dedup.message import DedupElement, element_digest
+from rocketmq_dedup.status import DedupStatus
+from rocketmq_dedup.stores.base import (
+    CLAIMED,
+    HELD_BY_OTHER,
+    ClaimResult,
+    DedupStore,
+    Diagnosis,
+    RecordInfo,
+    StoreStats,
+    oldest_claims,
+    parse_status,
+    round_trip,
+)
+from rocketmq_dedup.stores.mysql.pool import (
+    ConnectionPool,
+    MySQLdbRunner,
+    Runner,
+    close_quietly,
+    is_connection_error,
+    is_mysqlclient,
+    prepare_connection,
+    type_name,
+)
+from rocketmq_dedup.stores.mysql.sql import (
+    CHECK_SQL,
+    CLAIM_ROW,
+    CLAIM_SQL,
+    CLAIMS_SQL,
+    COLUMNS_SQL,
+    DEFAULT_TABLE_NAME,
+    DELETE_SQL,
+    FENCED_INSERT_SQL,
+    FENCED_MARK_SQL,
+    INSERT_CLAIM_SQL,
+    INSPECT_SQL,
+    MARK_CONSUMED_ROW,
+    MARK_CONSUMED_SQL,
+    MARK_SQL,
+    PURGE_SCAN_SQL,
+    PURGE_SQL,
+    RELEASE_SQL,
+    RENEW_SQL,
+    REQUIRED_COLUMNS,
+    SELECT_SQL,
+    SEQUENCE_LOCK_SQL,
+    SEQUENCE_READ_SQL,
+    SEQUENCE_SET_SQL,
+    STATS_SQL,
+    VERSION_SQL,
+    quote_table,
+    schema_sql,
+    sequence_schema_sql,
+    sequence_table_name,
+    validate_table_name,
+)
+from rocketmq_dedup.stores.mysql.transaction import (
+    DbapiTransaction,
+    SqlAlchemyTransaction,
+    Transaction,
+    guard_engine,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_POOL_SIZE = 8
+MAX_POOL_SIZE = 1024
+#: Seconds a caller waits for a connection when all ``pool_size`` are busy, before the
+#: operation fails as an outage.
+DEFAULT_POOL_TIMEOUT = 5.0
+READABLE_CHARS = 255
+_CLAIM_ATTEMPTS = 3
+
+
+def _readable(text: str) -> str:
+    if text.isascii():  # the common case: nothing to replace
+        return text[:READABLE_CHARS]
+    return text[:READABLE_CHARS].encode("utf-8", "replace").decode("utf-8")
+
+
+def _text(value: Any) -> Any:
+    """A text column's value as ``str``: drivers asked for ``use_unicode=False`` (or returning
+    binary strings) give bytes."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value
+
+
+def describe_factory(connect: Callable[[], Any]) -> str:
+    """``user@host:port/db`` from a ``functools.partial`` factory's keywords (never the
+    password), else the factory's repr."""
+    keywords = connect.keywords if isinstance(connect, functools.partial) else {}
+    host, socket = keywords.get("host"), keywords.get("unix_socket")
+    database = keywords.get("database", keywords.get("db"))
+    if host is None and socket is None and database is None:
+        if isinstance(connect, functools.partial):  # its repr would show the password
+            return f"via {type_name(connect.func)}"
+        text = repr(connect)
+        return text if len(text) <= 120 else text[:117] + "..."
+    if socket is not None and host in (None, "localhost"):
+        where = f"localhost:{socket}"
+    else:
+        where = f"{host or 'localhost'}:{keywords.get('port', 3306)}"
+    user = keywords.get("user")
+    return f"{user}@{where}/{database or ''}" if user else f"{where}/{database or ''}"
+
+
+class MySQLDedupStore(DedupStore):
+    """Dedup records in a MySQL/MariaDB table.
+
+    :param connect: a zero-argument callable returning a new DB-API connection (mysqlclient,
+        PyMySQL or mysql-connector-python), e.g.
+        ``functools.partial(MySQLdb.connect, host=..., user=..., password=..., database=...)``.
+    :param table_name: the table (created by :meth:`create_table` or ``python -m
+        rocketmq_dedup schema mysql``).
+    :param pool_size: at most this many connections, each taken by one operation (a claim, a
+        mark, a release, a renewal, a purge step) and given back right after; a caller that
+        finds all of them busy waits for one.
+    :param pool_timeout: how long (seconds) such a caller waits before the operation fails
+        with :class:`StoreUnavailableError` (default 5 s: far beyond any healthy statement,
+        short enough for the failure policy to apply before RocketMQ's consume timeout).
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        table_name: str = DEFAULT_TABLE_NAME,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    ) -> None:
+        if not callable(connect) or (isinstance(connect, type) and not hasattr(connect, "cursor")):
+            # a class such as redis.Redis is callable, but makes no DB-API connection
+            raise DedupConfigError(
+                "the MySQL store needs a zero-argument callable returning a new DB-API "
+                "connection, e.g. functools.partial(MySQLdb.connect, host=..., ...); "
+                f"got {'the class ' if isinstance(connect, type) else ''}{type_name(connect)}"
+            )
+        if type(pool_size) is not int or not 1 <= pool_size <= MAX_POOL_SIZE:
+            raise DedupConfigError(
+                f"pool_size must be an int from 1 to {MAX_POOL_SIZE}; got {pool_size!r}"
+            )
+        if (
+            isinstance(pool_timeout, bool)
+            or not isinstance(pool_timeout, (int, float))
+            or not 0 < pool_timeout <= 3600
+        ):
+            raise DedupConfigError(
+                f"pool_timeout must be seconds, more than 0 and at most 3600; got {pool_timeout!r}"
+            )
+        self._connect = connect
+        self.table_name = validate_table_name(table_name)
+        table = quote_table(table_name)
+        self._sql: Dict[str, str] = {
+            "release": RELEASE_SQL.format(table=table),
+            "purge_scan": PURGE_SCAN_SQL.format(table=table),
+            "renew": RENEW_SQL.format(table=table),
+            "mark": MARK_SQL.format(table=table),
+            "schema": schema_sql(table_name),
+        }
+        self._table = table
+        self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
+        self._description = f"MySQL {describe_factory(connect)} table {self.table_name}"
+        self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
+        #: The SQLAlchemy ``Engine`` the store was built on (:meth:`from_engine`), else None.
+        self.engine: Any = None
+        #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
+        #: be too long (a table name of 61-64 characters): the mode then runs without one.
+        self.sequence_table_name: Optional[str] = None
+        with contextlib.suppress(DedupConfigError):
+            self.sequence_table_name = sequence_table_name(table_name)
+        seq = quote_table(self.sequence_table_name or "unused")
+        #: Statements of the exactly-once mode (:mod:`rocketmq_dedup.stores.mysql.transaction`).
+        self.transaction_sql: Dict[str, str] = {
+            "fenced_mark": FENCED_MARK_SQL.format(table=table),
+            "fenced_insert": FENCED_INSERT_SQL.format(table=table),
+            "seq_lock": SEQUENCE_LOCK_SQL.format(table=seq),
+            "seq_read": SEQUENCE_READ_SQL.format(table=seq),
+            "seq_set": SEQUENCE_SET_SQL.format(table=seq),
+        }
+
+    @classmethod
+    def from_engine(cls, engine: Any, **options: Any) -> MySQLDedupStore:
+        """The store on a SQLAlchemy ``Engine`` (the ``[sqlalchemy]`` extra): its connections
+        come from ``engine.raw_connection()``, detached from the engine's pool (the store
+        keeps them in its own pool, in autocommit mode, which must never leak into the
+        engine's pool), and the exactly-once mode runs its transactions on the engine
+        (``engine.connect()`` + ``begin()``), with the dedup statements on that connection."""
+        dialect = getattr(getattr(engine, "dialect", None), "name", None)
+        if dialect not in ("mysql", "mariadb"):
+            raise DedupConfigError(
+                f"the SQLAlchemy engine's dialect is {dialect!r}: the MySQL store needs a "
+                "mysql:// or mariadb:// engine (mysqlclient, PyMySQL)"
+            )
+
+        def connect() -> Any:
+            fairy = engine.raw_connection()
+            fairy.detach()  # closing it now closes the DB-API connection, never pools it
+            return fairy.dbapi_connection
+
+        store = cls(connect, **options)
+        store.engine = engine
+        url = engine.url.render_as_string(hide_password=True)
+        store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
+        guard_engine(engine)
+        return store
+
+    @property
+    def pool_size(self) -> int:
+        """At most this many connections are open."""
+        return self._pool.size
+
+    def describe(self) -> str:
+        return self._description
+
+    def is_outage(self, exc: BaseException) -> bool:
+        return is_connection_error(exc)
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _open_runner(self) -> Runner:
+        """A new connection from the factory, prepared, in the fastest runner for its driver."""
+        conn = self._connect()
+        if not hasattr(conn, "cursor"):
+            raise StoreError(
+                f"{self._description}: the connection factory must return a DB-API "
+                f"connection; got {type_name(conn)}"
+            )
+        try:
+            prepare_connection(conn)
+            if is_mysqlclient(conn):
+                return MySQLdbRunner(conn)
+            return Runner(conn, conn.cursor())
+        except BaseException:
+            close_quietly(conn)
+            raise
+
+    def _op(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(runner, *args)`` on a pooled connection and give it back. A connection
+        that raised is closed; after a lost connection (an outage error) the idle ones are
+        closed too and ``fn`` runs once more on a new one."""
+        pool = self._pool
+        for attempt in (1, 2):
+            runner = pool.take()
+            try:
+                result = fn(runner, *args)
+            except BaseException as exc:
+                pool.discard(runner)
+                if attempt == 2 or not isinstance(exc, Exception) or not is_connection_error(exc):
+                    raise
+                logger.warning("%s: connection failed (%s); reconnecting", self._description, exc)
+                pool.drain()
+                continue
+            pool.give(runner)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _run(runner: Runner, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
+        return runner.run(sql, params, fetch)
+
+    def close(self) -> None:
+        """Close every connection of the pool (busy ones when their operation ends). The store
+        stays usable: it reconnects on its next operation."""
+        self._pool.close()
+
+    # -- operator API --------------------------------------------------------------------
+
+    def create_table(self) -> None:
+        """Create, if they do not exist (idempotent), every table the store uses: the dedup
+        table, and the exactly-once mode's sequence table (``<table>_seq``; see
+        :mod:`rocketmq_dedup.transactional`), which stays empty unless that mode's
+        ``sequence_key`` is used."""
+        self._call(self._op, self._run, self._sql["schema"], ())
+        if self.sequence_table_name is None:
+            logger.warning(
+                "%s: no sequence table (%s_seq would be longer than 64 characters); "
+                "the exactly-once mode's sequence guard is unavailable",
+                self._description,
+                self.table_name,
+            )
+            return
+        self._call(self._op, self._run, sequence_schema_sql(self.table_name), ())
+
+    # -- exactly-once mode ---------------------------------------------------------------
+
+    def begin_transaction(self) -> Transaction:
+        """Open one message's business transaction (:mod:`.transaction`): on the engine when
+        the store was built on one, else on a connection of the store's pool, which is taken
+        for the whole transaction (size ``pool_size`` for the consumer's threads plus one).
+        Raises :class:`StoreError` (:class:`StoreUnavailableError` for an outage)."""
+        return self._call(self._begin_transaction)
+
+    def _begin_transaction(self) -> Transaction:
+        tx: Transaction
+        if self.engine is not None:
+            tx = SqlAlchemyTransaction(self, self.engine)
+            try:
+                tx.begin()
+            except BaseException:
+                tx.close()
+                raise
+            return tx
+        for attempt in (1, 2):
+            runner = self._pool.take()
+            tx = DbapiTransaction(self, runner)
+            try:
+                tx.begin()
+            except BaseException as exc:
+                self._pool.discard(runner)
+                if attempt == 2 or not isinstance(exc, Exception) or not is_connection_error(exc):
+                    raise
+                # a pooled connection lost meanwhile (server restart): the idle ones too
+                logger.warning("%s: connection failed (%s); reconnecting", self._description, exc)
+                self._pool.drain()
+                continue
+            return tx
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def return_runner(self, runner: Runner, discard: bool) -> None:
+        """Give a transaction's connection back to the pool, or close it."""
+        if discard:
+            self._pool.discard(runner)
+        else:
+            self._pool.give(runner)
+
+    def record_owner(self, element: DedupElement) -> Optional[Tuple[Optional[DedupStatus], str]]:
+        """The live record of ``element`` as (status, owner token), or None."""
+        digest = element_digest(element)
+        row = self._call(self._op, self._select, [digest]).get(digest)
+        return (parse_status(row[0]), str(row[1])) if row is not None else None
+
+    def purge_expired(
+        self,
+        batch_size: int = 1000,
+        dry_run: bool = False,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> int:
+        """Delete every expired row; return how many were deleted (with ``dry_run``: how many
+        are expired, deleting nothing).
+
+        One pass over the table in primary-key order: each step reads ``batch_size`` keys
+        and deletes the expired ones among them by key, so a step holds row locks on expired
+        rows only, never on a live row or a gap a claim could insert into. Run it from a cron
+        job or a timer, off-peak for large tables. Each step takes a pooled connection and
+        gives it back; ``progress(rows scanned, rows expired)`` is called after each step."""
+        if type(batch_size) is not int or batch_size < 1:
+            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
+        total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
+        while True:
+            step: Tuple[int, int, bytes] = self._call(
+                self._op, self._purge_step, after, batch_size, dry_run
+            )
+            expired, rows, after = step
+            total += expired
+            scanned += rows
+            if progress is not None:
+                progress(scanned, total)
+            if rows < batch_size:
+                return total
+
+    def _purge_step(
+        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
+    ) -> Tuple[int, int, bytes]:
+        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
+        rows = runner.run(self._sql["purge_scan"], (after, batch_size), True)
+        expired = [bytes(key) for key, is_expired in rows if is_expired]
+        count = len(expired)
+        if expired and not dry_run:
+            sql = PURGE_SQL.format(table=self._table, marks=", ".join(["%s"] * len(expired)))
+            count = int(runner.run(sql, expired, False))
+        return count, len(rows), bytes(rows[-1][0]) if rows else after
+
+    # -- I/O hooks -----------------------------------------------------------------------
+
+    def do_check(self) -> None:
+        """Connect (or take a pooled connection) and run ``SELECT 1``; the table may not exist
+        yet (``create_table()`` comes after)."""
+        self._op(self._run, CHECK_SQL, (), True)
+
+    def _row(self, element: DedupElement, digest: bytes, owner: str, ms: int) -> List[Any]:
+        app, topic, tag, key = element
+        return [digest, _readable(app), _readable(topic), _readable(tag), _readable(key), owner, ms]
+
+    def _select(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Tuple[Any, Any]]:
+        """The live records of ``digests``: digest -> (status, owner)."""
+        sql = SELECT_SQL.format(table=self._table, marks=", ".join(["%s"] * len(digests)))
+        return {
+            bytes(row[0]): (_text(row[1]), _text(row[2])) for row in runner.run(sql, digests, True)
+        }
+
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+        return self._op(self._claim, element, owner, lease_ms)
+
+    def _claim(
+        self, runner: Runner, element: DedupElement, owner: str, lease_ms: int
+    ) -> ClaimResult:
+        digest = element_digest(element)
+        row = self._row(element, digest, owner, lease_ms)
+        if runner.run(self._claim_one, row, False) == 1:  # inserted: the fresh message
+            return CLAIMED
+        return self._settle(runner, [element], [owner], [digest], lease_ms)[0]
+
+    def do_claim_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[ClaimResult]:
+        return self._op(self._claim_many, elements, owners, lease_ms)
+
+    def _claim_many(
+        self,
+        runner: Runner,
+        elements: Sequence[DedupElement],
+        owners: Sequence[str],
+        lease_ms: int,
+    ) -> List[ClaimResult]:
+        digests = [element_digest(e) for e in elements]
+        everything = list(range(len(elements)))
+        # First a plain insert: the cheapest statement, and a live record is left alone.
+        written = self._write(
+            runner, INSERT_CLAIM_SQL, elements, owners, digests, everything, lease_ms
+        )
+        if written == len(elements):
+            return [CLAIMED] * len(elements)
+        return self._settle(runner, elements, owners, digests, lease_ms)
+
+    def _write(
+        self,
+        runner: Runner,
+        template: str,
+        elements: Sequence[DedupElement],
+        owners: Sequence[str],
+        digests: Sequence[bytes],
+        indexes: List[int],
+        lease_ms: int,
+    ) -> int:
+        """One multi-row claim statement for ``indexes``; returns its rowcount."""
+        # A stable key order keeps concurrent multi-row writes from deadlocking.
+        indexes.sort(key=lambda i: digests[i])
+        params: List[Any] = []
+        for i in indexes:
+            params += self._row(elements[i], digests[i], owners[i], lease_ms)
+        sql = template.format(table=self._table, rows=", ".join([CLAIM_ROW] * len(indexes)))
+        return int(runner.run(sql, params, False))
+
+    def _settle(
+        self,
+        runner: Runner,
+        elements: Sequence[DedupElement],
+        owners: Sequence[str],
+        digests: Sequence[bytes],
+        lease_ms: int,
+    ) -> List[ClaimResult]:
+        """After the insert: read who holds each record; records that are not live (expired,
+        or released meanwhile) are taken over by the upsert, and read again."""
+        results: Dict[int, ClaimResult] = {}
+        pending = list(range(len(elements)))
+        for attempt in range(_CLAIM_ATTEMPTS):
+            rows = self._select(runner, [digests[i] for i in pending])
+            vanished = []
+            for i in pending:
+                row = rows.get(digests[i])
+                if row is None:
+                    vanished.append(i)
+                elif row[1] == owners[i] and row[0] == DedupStatus.CONSUMING.value:
+                    results[i] = CLAIMED
+                else:
+                    results[i] = ClaimResult(False, parse_status(row[0]))
+            pending = vanished
+            if not pending or attempt == _CLAIM_ATTEMPTS - 1:
+                break
+            written = self._write(runner, CLAIM_SQL, elements, owners, digests, pending, lease_ms)
+            if written == len(pending):
+                for i in pending:  # every row inserted (1 each; a takeover counts 2)
+                    results[i] = CLAIMED
+                pending = []
+                break
+        for i in pending:  # kept vanishing: leave it to a later retry
+            results[i] = HELD_BY_OTHER
+        return [results[i] for i in range(len(elements))]
+
+    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
+        self._op(self._mark_consumed, element, owner, retention_ms)
+
+    def _mark_consumed(
+        self, runner: Runner, element: DedupElement, owner: str, retention_ms: int
+    ) -> None:
+        digest = element_digest(element)
+        # The row is normally still ours: one UPDATE. If it vanished, the upsert recreates it.
+        if not runner.run(self._sql["mark"], (owner, retention_ms, digest), False):
+            self._mark_consumed_many(runner, [element], [owner], retention_ms)
+
+    def do_mark_consumed_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
+    ) -> None:
+        self._op(self._mark_consumed_many, elements, owners, retention_ms)
+
+    def _mark_consumed_many(
+        self,
+        runner: Runner,
+        elements: Sequence[DedupElement],
+        owners: Sequence[str],
+        retention_ms: int,
+    ) -> None:
+        params: List[Any] = []
+        order = sorted(range(len(elements)), key=lambda i: element_digest(elements[i]))
+        for i in order:
+            params += self._row(elements[i], element_digest(elements[i]), owners[i], retention_ms)
+        sql = MARK_CONSUMED_SQL.format(
+            table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(elements))
+        )
+        runner.run(sql, params, False)
+
+    def do_release(self, element: DedupElement, owner: str) -> bool:
+        return self._op(self._release, [element], [owner]) == 1
+
+    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
+        return self._op(self._release, elements, owners)
+
+    def _release(
+        self, runner: Runner, elements: Sequence[DedupElement], owners: Sequence[str]
+    ) -> int:
+        sql = self._sql["release"]
+        return sum(
+            int(runner.run(sql, (element_digest(e), o), False)) == 1
+            for e, o in zip(elements, owners)
+        )
+
+    def do_renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]:
+        return self._op(self._renew_many, elements, owners, lease_ms)
+
+    def _renew_many(
+        self,
+        runner: Runner,
+        elements: Sequence[DedupElement],
+        owners: Sequence[str],
+        lease_ms: int,
+    ) -> List[bool]:
+        sql = self._sql["renew"]
+        return [
+            int(runner.run(sql, (lease_ms, element_digest(e), o), False)) > 0
+            for e, o in zip(elements, owners)
+        ]
+
+    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
+        digest = element_digest(element)
+        row = self._op(self._select, [digest]).get(digest)
+        return parse_status(row[0]) if row is not None else None
+
+    # -- operator hooks ------------------------------------------------------------------
+
+    def _record(self, row: Sequence[Any]) -> RecordInfo:
+        app, topic, tag, key, status, owner, left = (_text(v) for v in row)
+        return RecordInfo(
+            DedupElement(app, topic, tag, key), parse_status(status), owner, max(0, int(left))
+        )
+
+    def _query(self, sql: str, params: Sequence[Any]) -> Any:
+        return self._op(self._run, sql.format(table=self._table), params, True)
+
+    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
+        rows = self._query(INSPECT_SQL, (element_digest(element),))
+        return self._record(rows[0])._replace(element=element) if rows else None
+
+    def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        record = self.do_inspect(element)
+        if record is None or record.status is None:
+            return None
+        if record.status is DedupStatus.CONSUMED and not force:
+            return None
+        sql = DELETE_SQL.format(table=self._table)
+        params = (element_digest(element), record.status.value)
+        deleted = self._op(self._run, sql, params)
+        return record.status if deleted else None
+
+    def do_stats(self, application: str, limit: int) -> StoreStats:
+        app = _readable(application)
+        counts = {str(_text(status)): int(n) for status, n in self._query(STATS_SQL, (app,))}
+        claims = [self._record(row) for row in self._query(CLAIMS_SQL, (app,))]
+        return StoreStats(counts, oldest_claims(claims, limit))
+
+    def do_diagnose(self) -> List[Diagnosis]:
+        checks: List[Diagnosis] = []
+        begin = time.perf_counter()
+        version = str(_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
+        checks.append(Diagnosis("server", True, f"version {version}"))
+        times = []
+        for _ in range(5):
+            begin = time.perf_counter()
+            self._op(self._run, CHECK_SQL, (), True)
+            times.append(time.perf_counter() - begin)
+        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        schema, _, table = self.table_name.rpartition(".")
+        rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
+        columns = {str(_text(name)): str(_text(key)) for name, key in rows}
+        if not columns:
+            checks.append(
+                Diagnosis("table", False, f"{self.table_name} does not exist: create_table()")
+            )
+            return checks
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            checks.append(Diagnosis("table", False, f"missing column(s): {', '.join(missing)}"))
+        elif columns.get("dedup_key") != "PRI":
+            checks.append(Diagnosis("table", False, "dedup_key is not the primary key"))
+        else:
+            checks.append(
+                Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
+            )
+        return checks

@@ -1,0 +1,325 @@
+"""The Redis record store (``redis.Redis`` or ``redis.RedisCluster``); needs the ``[redis]``
+extra. Keys, values and scripts: :mod:`.records`; connections: :mod:`.transport`.
+
+Round trips: a fresh message costs two (claim, ``SET``), a duplicate one (claim). A single
+claim is ``SET key value NX PX lease GET`` on Redis >= 7.0 (else the claim script). The batch
+methods cost one round trip per batch on ``redis.Redis``; on a cluster they run one command per
+key, since a script may only touch one slot. On ``redis.Redis`` the requests of concurrent
+threads are coalesced into shared round trips (see :mod:`.coalesce`).
+
+Errors: an outage (:meth:`RedisDedupStore.is_outage`) is any redis-py ``RedisError`` but
+``DataError`` (connection lost or refused, timeouts, and every error reply of the server, e.g.
+``OOM``, ``READONLY``, ``BUSY``, ``WRONGTYPE``: the server could not do the write) and any
+``OSError`` from a socket. ``DataError`` (redis-py refused an argument before sending it) and
+anything else raised inside the store (a ``TypeError``...) is a defect: a plain ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import Any, List, Optional, Sequence, Tuple
+
+from rocketmq_dedup.errors import DedupConfigError, MissingExtraError
+from rocketmq_dedup.message import DedupElement, to_text
+from rocketmq_dedup.status import DedupStatus
+from rocketmq_dedup.stores.base import (
+    ClaimResult,
+    DedupStore,
+    Diagnosis,
+    RecordInfo,
+    StoreStats,
+    count_statuses,
+    oldest_claims,
+    parse_status,
+    round_trip,
+)
+from rocketmq_dedup.stores.redis import transport
+from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request
+from rocketmq_dedup.stores.redis.records import (
+    CLAIM,
+    CONSUMED,
+    CONSUMING,
+    DEFAULT_KEY_PREFIX,
+    DELETE_SCRIPT,
+    MARK,
+    RELEASE,
+    RENEW,
+    SCRIPTS,
+    RecordKeys,
+    app_key_pattern,
+    claim_result,
+    parse_key,
+    plan_calls,
+    record_info,
+)
+
+try:  # the [redis] extra
+    import redis
+    from redis.cluster import RedisCluster
+    from redis.sentinel import SentinelConnectionPool
+except ImportError:  # pragma: no cover - exercised by the no-extras import test
+    redis = None  # type: ignore[assignment]
+    RedisCluster = None  # type: ignore[assignment,misc]
+    SentinelConnectionPool = None  # type: ignore[assignment,misc]
+
+logger = logging.getLogger(__name__)
+
+
+def is_redis_client(client: object) -> bool:
+    """True if ``client`` is a redis-py ``Redis`` or ``RedisCluster`` (without importing redis
+    when it is not installed)."""
+    if redis is None:
+        return False
+    return isinstance(client, (redis.Redis, RedisCluster))
+
+
+class RedisDedupStore(DedupStore):
+    """Dedup records in Redis.
+
+    :param client: a ``redis.Redis`` (plain, Sentinel, TLS, unix socket) or a
+        ``redis.RedisCluster``; ``decode_responses`` may be either. The store never closes it;
+        it keeps one connection of the client's pool checked out for its coalesced round trips.
+    :param key_prefix: the first segment of every record key.
+    :param coalesce: combine the requests of concurrent threads into shared round trips
+        (``redis.Redis`` only; a request that arrives alone is sent at once).
+    """
+
+    def __init__(
+        self, client: Any, key_prefix: str = DEFAULT_KEY_PREFIX, coalesce: bool = True
+    ) -> None:
+        if redis is None:
+            raise MissingExtraError("redis", "redis")
+        if not is_redis_client(client):
+            raise DedupConfigError(
+                f"expected redis.Redis or redis.RedisCluster, got {type(client)!r}"
+            )
+        if not isinstance(key_prefix, str) or not key_prefix:
+            raise DedupConfigError(f"key_prefix must be a non-empty string; got {key_prefix!r}")
+        self.client = client
+        self.key_prefix = key_prefix
+        self._keys = RecordKeys(key_prefix)
+        self._cluster = isinstance(client, RedisCluster)
+        self._scripts = {kind: client.register_script(text) for kind, text in SCRIPTS.items()}
+        self._delete_script = client.register_script(DELETE_SCRIPT)  # operators only
+        self._coalescer = Coalescer(self._execute) if coalesce and not self._cluster else None
+        self._set_nx_get = True  # until the server says it has no SET NX GET
+        # The connection of the coalesced round trips, checked out of the client's pool. The
+        # finalizer gives it back when the store is dropped without close(); it references the
+        # lease only, never the store.
+        self._lease = transport.Lease(None if self._cluster else client.connection_pool)
+        self._finalizer = weakref.finalize(self, self._lease.orphan)
+        self._finalizer.atexit = False  # sockets close with the process anyway
+        transport.release_orphans()
+
+    def record_key(self, element: DedupElement) -> bytes:
+        """The Redis key of ``element``."""
+        return self._keys(element)
+
+    # -- I/O hooks -----------------------------------------------------------------------
+
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+        reply = self._request(CLAIM, lease_ms, [self.record_key(element)], [CONSUMING + owner])
+        return claim_result(reply[0])
+
+    def do_claim_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[ClaimResult]:
+        keys = [self.record_key(e) for e in elements]
+        reply = self._request(CLAIM, lease_ms, keys, [CONSUMING + o for o in owners])
+        return [claim_result(r) for r in reply]
+
+    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
+        self._request(MARK, retention_ms, [self.record_key(element)], [CONSUMED + owner])
+
+    def do_mark_consumed_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
+    ) -> None:
+        keys = [self.record_key(e) for e in elements]
+        self._request(MARK, retention_ms, keys, [CONSUMED + o for o in owners])
+
+    def do_release(self, element: DedupElement, owner: str) -> bool:
+        reply = self._request(RELEASE, 0, [self.record_key(element)], [CONSUMING + owner])
+        return int(reply[0]) == 1
+
+    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
+        keys = [self.record_key(e) for e in elements]
+        reply = self._request(RELEASE, 0, keys, [CONSUMING + o for o in owners])
+        return sum(int(r) for r in reply)
+
+    def do_renew_many(
+        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
+    ) -> List[bool]:
+        keys = [self.record_key(e) for e in elements]
+        reply = self._request(RENEW, lease_ms, keys, [CONSUMING + o for o in owners])
+        return [int(r) == 1 for r in reply]
+
+    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
+        return parse_status(to_text(self.client.get(self.record_key(element))))
+
+    def do_check(self) -> None:
+        """PING through the client (every primary of a cluster): the pool the store's own
+        connection comes from reaches the server and authenticates."""
+        self.client.ping()
+
+    # -- operator hooks (the CLI): through the client, never on the hot path ---------------
+
+    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
+        key = self.record_key(element)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.pttl(key)
+        value, pttl = pipe.execute()
+        return record_info(element, value, pttl)
+
+    def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        key = self.record_key(element)
+        deleted = self._delete_script(keys=[key], args=["1" if force else "0"])
+        return parse_status(to_text(deleted)) if deleted else None
+
+    def do_stats(self, application: str, limit: int) -> StoreStats:
+        """One SCAN over the application's keys (every primary of a cluster), then their
+        values and TTLs, 500 keys a round trip."""
+        pattern = app_key_pattern(self.key_prefix, application)
+        keys = list(self.client.scan_iter(match=pattern, count=1000))
+        records: List[RecordInfo] = []
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            pipe = self.client.pipeline(transaction=False)
+            for key in chunk:
+                pipe.get(key)
+                pipe.pttl(key)
+            replies = pipe.execute()
+            for i, key in enumerate(chunk):
+                element = parse_key(key if isinstance(key, bytes) else key.encode())
+                info = record_info(element, replies[2 * i], replies[2 * i + 1]) if element else None
+                if info is not None:
+                    records.append(info)
+        return StoreStats(count_statuses(records), oldest_claims(records, limit))
+
+    def do_diagnose(self) -> List[Diagnosis]:
+        """The server version, the claim path it allows, the scripts, the round-trip time."""
+        info = self.client.info("server")
+        if self._cluster:  # {node name: info} on a cluster: the lowest version counts
+            infos = [v for v in info.values() if isinstance(v, dict)] or [info]
+        else:
+            infos = [info]
+        versions = sorted({str(i.get("redis_version", "?")) for i in infos})
+        checks = [Diagnosis("server", True, f"version {', '.join(versions)}")]
+        oldest = min(_version(v) for v in versions)
+        if oldest >= (7, 0):
+            checks.append(Diagnosis("claim", True, "SET NX PX GET (Redis >= 7.0)"))
+        else:
+            checks.append(Diagnosis("claim", True, "Lua claim script (Redis < 7.0)"))
+        for script in self._scripts.values():
+            script.sha = self.client.script_load(script.script)
+        checks.append(Diagnosis("scripts", True, f"{len(self._scripts)} Lua scripts loaded"))
+        times = []
+        for _ in range(5):
+            begin = time.perf_counter()
+            self.client.ping()
+            times.append(time.perf_counter() - begin)
+        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        return checks
+
+    def describe(self) -> str:
+        """``Redis host:port/db``, ``Redis unix:/path/db``, ``Redis Sentinel master <name>`` or
+        ``Redis Cluster host:port, ...``; never credentials."""
+        if self._cluster:
+            nodes = sorted(node.name for node in self.client.get_nodes())
+            more = f" (+{len(nodes) - 3} nodes)" if len(nodes) > 3 else ""
+            return f"Redis Cluster {', '.join(nodes[:3])}{more}"
+        pool = self.client.connection_pool
+        if SentinelConnectionPool is not None and isinstance(pool, SentinelConnectionPool):
+            role = "master" if pool.is_master else "replica"
+            return f"Redis Sentinel {role} {pool.service_name}"
+        kwargs = getattr(pool, "connection_kwargs", {})  # any pool-like object the client has
+        db = kwargs.get("db", 0)
+        if kwargs.get("path"):
+            return f"Redis unix:{kwargs['path']}/{db}"
+        connection_class = getattr(pool, "connection_class", None)
+        tls = ""
+        if isinstance(connection_class, type) and issubclass(connection_class, redis.SSLConnection):
+            tls = " (TLS)"
+        return f"Redis {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}{tls}"
+
+    def is_outage(self, exc: BaseException) -> bool:
+        """Any ``RedisError`` but ``DataError``, and socket errors (see the module docs)."""
+        if redis is None:
+            return False
+        if isinstance(exc, redis.DataError):  # refused by redis-py before sending: a defect
+            return False
+        return isinstance(exc, (redis.RedisError, OSError))
+
+    def close(self) -> None:
+        """Give the store's connection back to the client's pool (disconnected); never closes
+        the user's client. The store stays usable: it takes a connection again if needed."""
+        self._lease.release()
+        transport.release_orphans()
+
+    # -- execution -----------------------------------------------------------------------
+
+    def _request(self, kind: str, millis: int, keys: List[bytes], values: List[str]) -> Any:
+        """Run one request; return its per-key replies. With coalescing, concurrent threads'
+        requests share round trips on the store's own connection."""
+        request = Request(kind, millis, keys, values)
+        if self._coalescer is not None:
+            self._coalescer.run(request)
+        elif self._cluster:  # a script may only touch one slot: one command per key
+            parts = transport.per_key(request)
+            for part in parts:
+                self._execute([part])
+            transport.join_parts(request, parts)
+        else:
+            self._execute([request])
+        if request.error is not None:
+            raise request.error  # the original: DedupStore._call wraps it, once
+        return request.result
+
+    def _execute(self, batch: List[Request]) -> None:
+        """Run a batch of requests in one round trip; set each one's result or error. Every
+        command is safe to run twice, so a batch is rerun once after the server lost its
+        scripts or turned out to lack ``SET NX GET``. Never raises (short of a BaseException):
+        the original error goes to every request of the batch, each caller re-raises it and
+        :meth:`DedupStore._call` tells an outage from a defect."""
+        try:
+            for attempt in (1, 2):
+                shas = {kind: script.sha for kind, script in self._scripts.items()}
+                calls = plan_calls(batch, shas, self._set_nx_get)
+                replies = self._send([call.command for call in calls])
+                errors = [r for r in replies if isinstance(r, redis.ResponseError)]
+                if not errors:
+                    break
+                if attempt == 2 or not self._recover(errors):
+                    raise errors[0]
+            for call, reply in zip(calls, replies):
+                call.deliver(reply)
+        except Exception as exc:
+            for request in batch:
+                request.error = exc
+
+    def _recover(self, errors: List[redis.ResponseError]) -> bool:
+        """Fix what an error reply says is missing; False if it is not recoverable."""
+        text = " ".join(str(e) for e in errors)
+        if "NOSCRIPT" in text or any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
+            for script in self._scripts.values():
+                script.sha = self.client.script_load(script.script)
+            return True
+        if self._set_nx_get and "syntax" in text.lower():
+            logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
+            self._set_nx_get = False
+            return True
+        return False
+
+    def _send(self, commands: List[Tuple[Any, ...]]) -> List[Any]:
+        """Send commands in one round trip: under the coalescer (one sender at a time) on the
+        store's own connection, else through the client."""
+        if self._coalescer is None:
+            return transport.send_through_client(self.client, commands)
+        return self._lease.round_trip(commands)
+
+
+def _version(text: str) -> Tuple[int, ...]:
+    """``"7.0.15"`` as ``(7, 0, 15)``; unreadable parts count as 0."""
+    return tuple(int(p) if p.isdigit() else 0 for p in text.split("."))

@@ -1,0 +1,150 @@
+"""The ``rocketmq-dedup`` console script, run as installed, in a subprocess, against real Redis
+and MariaDB: every command, and one clear line with exit status 2 for bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from rocketmq_dedup import DedupElement, DedupStatus
+from rocketmq_dedup.owner import new_owner_token
+from rocketmq_dedup.stores.base import DedupStore
+from tests.conftest import make_store
+from tests.support import MYSQL, REDIS_URL
+
+SCRIPT = Path(sys.executable).parent / "rocketmq-dedup"
+MYSQL_URL = "mysql://{user}:{password}@{host}:{port}/{database}".format(**MYSQL)
+
+
+def run(*args: str, env: Any = None) -> subprocess.CompletedProcess[str]:
+    """The installed console script; never a traceback on stderr."""
+    result = subprocess.run(
+        [str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+@pytest.fixture(params=["redis", "mysql"])
+def target(request: pytest.FixtureRequest) -> Any:
+    """(store, the CLI's store options) for each server."""
+    store = make_store(request.param, request)
+    if request.param == "redis":
+        return store, ["--redis", REDIS_URL]
+    table = request.getfixturevalue("mysql_table")
+    return store, ["--mysql", MYSQL_URL, "--table", table]
+
+
+def element_args(app: str, key: str) -> List[str]:
+    return ["--app", app, "--topic", "T", "--tag", "TagA", key]
+
+
+def test_help_lists_every_command_and_version_works() -> None:
+    """--help lists each command with one line; --version prints the version."""
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("check", "inspect", "release", "stats", "purge", "schema"):
+        assert f"  {command} " in result.stdout
+    version = run("--version")
+    assert version.returncode == 0 and "0.1.0" in version.stdout
+
+
+def test_check_reports_version_features_and_round_trip(target: Any) -> None:
+    """check: the server version, the features the store uses, the round trip; exit 0."""
+    _, options = target
+    result = run("check", *options)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "version" in result.stdout and "round trip" in result.stdout
+    assert "FAIL" not in result.stdout
+
+
+def test_check_of_a_missing_table_fails_clearly(mysql_table: str) -> None:
+    """check on a MySQL table that does not exist: a FAIL line naming it, exit status 1."""
+    result = run("check", "--mysql", MYSQL_URL, "--table", "t_never_created")
+    assert result.returncode == 1
+    assert "FAIL table: t_never_created does not exist" in result.stdout
+
+
+def test_inspect_release_and_stats(target: Any, app_name: str) -> None:
+    """A stuck claim is shown by inspect and stats, removed by release; a CONSUMED record is
+    kept without --force and removed with it."""
+    store, options = target
+    stuck, done = (
+        DedupElement(app_name, "T", "TagA", "k1"),
+        DedupElement(app_name, "T", "TagA", "k2"),
+    )
+    assert store.claim(stuck, new_owner_token(), 60_000).claimed
+    owner = new_owner_token()
+    store.claim(done, owner, 60_000)
+    store.mark_consumed(done, owner, 60_000)
+
+    shown = run("inspect", *options, *element_args(app_name, "k1"))
+    assert shown.returncode == 0 and "CONSUMING" in shown.stdout and "time left" in shown.stdout
+    stats = run("stats", *options, "--app", app_name)
+    assert stats.returncode == 0
+    assert "CONSUMED" in stats.stdout and "CONSUMING" in stats.stdout and " k1 " in stats.stdout
+
+    assert run("release", *options, *element_args(app_name, "k1")).returncode == 0
+    assert store.get_status(stuck) is None
+    refused = run("release", *options, *element_args(app_name, "k2"))
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert store.get_status(done) is DedupStatus.CONSUMED
+    assert run("release", *options, *element_args(app_name, "k2"), "--force").returncode == 0
+    assert store.get_status(done) is None
+
+
+def test_purge_dry_run_then_purge(mysql_table: str, app_name: str, request: Any) -> None:
+    """purge --dry-run counts expired rows and deletes nothing; purge deletes them."""
+    store: DedupStore = make_store("mysql", request)
+    element = DedupElement(app_name, "T", "TagA", "gone")
+    store.claim(element, new_owner_token(), 1)
+    options = ["--mysql", MYSQL_URL, "--table", mysql_table]
+    dry = run("purge", *options, "--dry-run")
+    assert dry.returncode == 0 and "would delete" in dry.stdout
+    done = run("purge", *options)
+    assert done.returncode == 0 and "deleted" in done.stdout
+    assert run("purge", *options, "--dry-run").stdout.count("would delete 0 ") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["check", "--mysql", "http://nowhere"], "bad MySQL URL"),
+        (["check", "--redis", "redis://127.0.0.1:1/0"], "cannot reach"),
+        (["check", "--mysql", "mysql://dedup:dedup@127.0.0.1:1/dedup_test"], "cannot reach"),
+        (["check"], "name one store"),
+        (["inspect", "--redis", REDIS_URL, "--app", "a", "--topic", "T", "nokey"], "no live"),
+        (["stats", "--mysql", MYSQL_URL, "--table", "t_never_created", "--app", "a"], "Error"),
+        (["purge", "--redis", REDIS_URL], "purge is for --mysql"),
+        (["schema", "mysql", "--table", "x; DROP"], "invalid table_name"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(args: List[str], message: str) -> None:
+    """Bad URLs, unreachable servers, unknown tables and keys: one clear line, exit 2."""
+    result = run(*args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_passwords_may_come_from_the_environment(mysql_table: str) -> None:
+    """The MySQL password from ROCKETMQ_DEDUP_MYSQL_PASSWORD, the URL from the environment."""
+    url = "mysql://{user}@{host}:{port}/{database}".format(**MYSQL)
+    env = {"ROCKETMQ_DEDUP_MYSQL_URL": url, "ROCKETMQ_DEDUP_MYSQL_PASSWORD": MYSQL["password"]}
+    result = run("check", "--table", mysql_table, env=env)
+    assert result.returncode == 0, result.stderr
+
+
+def test_schema_mysql_prints_the_ddl() -> None:
+    """schema mysql prints the CREATE TABLE statement."""
+    result = run("schema", "mysql", "--table", "t_x")
+    assert result.returncode == 0 and "CREATE TABLE IF NOT EXISTS `t_x`" in result.stdout

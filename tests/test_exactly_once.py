@@ -1,0 +1,481 @@
+"""TransactionalDedupListener against MariaDB, on mysqlclient, PyMySQL and SQLAlchemy over
+both (issue 11, requirements 1, 2, 5, 7 and 8; 3, 4 and 6 are in test_exactly_once_*.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConfig,
+    DedupConfigError,
+    DedupStatus,
+    MemoryDedupStore,
+    TransactionalDedupListener,
+)
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from tests.support import MYSQL, ClassicMessage, mysql_connect
+from tests.test_exactly_once_support import (
+    DRIVERS,
+    EffectListener,
+    EffectTable,
+    SequencedListener,
+    dispose,
+    execute,
+    make_client,
+    make_config,
+    sql,
+    unique,
+)
+
+pytestmark = pytest.mark.mysql
+
+SUCCESS = ConsumeStatus.CONSUME_SUCCESS
+LATER = ConsumeStatus.RECONSUME_LATER
+
+
+@pytest.fixture(scope="module")
+def table() -> Iterator[str]:
+    """This module's dedup table (and its sequence table), dropped at the end."""
+    name = unique("t_eo_dedup")
+    yield name
+    sql(f"DROP TABLE IF EXISTS {name}")
+    sql(f"DROP TABLE IF EXISTS {name}_seq")
+
+
+@pytest.fixture(params=DRIVERS)
+def client(request: pytest.FixtureRequest) -> Iterator[Any]:
+    client = make_client(request.param)
+    yield client
+    dispose(client)
+
+
+@pytest.fixture
+def config(client: Any, table: str) -> Iterator[DedupConfig]:
+    config = make_config(client, table)
+    assert isinstance(config.persist, MySQLDedupStore)
+    config.persist.create_table()
+    yield config
+    config.close()
+
+
+@pytest.fixture
+def effects() -> Iterator[EffectTable]:
+    effects = EffectTable()
+    yield effects
+    effects.drop()
+
+
+def element(config: DedupConfig, msg_id: str) -> DedupElement:
+    return DedupElement(config.application_name, "TEST-TOPIC", "TagA", msg_id)
+
+
+def status_of(config: DedupConfig, msg_id: str) -> Any:
+    assert config.persist is not None
+    return config.persist.get_status(element(config, msg_id))
+
+
+# -- requirement 1: commit together or not at all -------------------------------------------------
+
+
+def test_success_commits_the_writes_and_the_record(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """True: the handler's row and the CONSUMED record are both committed."""
+    listener = EffectListener(config, effects)
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert effects.count("m1") == 1
+    assert status_of(config, "m1") is DedupStatus.CONSUMED
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [False, None, ConsumeStatus.RECONSUME_LATER, "ok", RuntimeError("boom")],
+    ids=["false", "none", "retry-value", "other-value", "raises"],
+)
+def test_failure_rolls_back_everything(
+    config: DedupConfig, effects: EffectTable, answer: Any
+) -> None:
+    """False, None, a retry value, another value or an exception: nothing committed, the claim
+    released, RECONSUME_LATER; the retry runs and commits."""
+    failing = [True]
+
+    def behaviour(msg: Any, conn: Any) -> Any:
+        if not failing[0]:
+            return True
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    listener = EffectListener(config, effects, behaviour)
+    assert listener(ClassicMessage("m1")) is LATER
+    assert effects.count("m1") == 0
+    assert status_of(config, "m1") is None  # released: the retry may run at once
+    failing[0] = False
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert effects.count("m1") == 1 and listener.calls["m1"] == 2
+
+
+def test_a_dedup_statement_error_rolls_back(client: Any, table: str, effects: EffectTable) -> None:
+    """A failing statement of the dedup layer (a missing sequence table) rolls back and
+    answers RECONSUME_LATER, claim released, the handler not run."""
+    name = unique("t_eo_noseq")
+    config = make_config(client, name)
+    assert isinstance(config.persist, MySQLDedupStore)
+    config.persist.create_table()
+    sql(f"DROP TABLE {name}_seq")
+    try:
+        listener = SequencedListener(config, effects, lambda msg: ("e", 1))
+        assert listener(ClassicMessage("m1")) is LATER
+        assert listener.calls == {} and effects.count("m1") == 0
+        assert status_of(config, "m1") is None
+    finally:
+        config.close()
+        sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_batches_are_one_transaction_per_message(config: DedupConfig, effects: EffectTable) -> None:
+    """consume_each and consume_message: each message commits or rolls back on its own."""
+    listener = EffectListener(
+        config, effects, lambda msg, conn: msg.id != "bad"
+    )  # "bad" rolls back
+    msgs = [ClassicMessage("a"), ClassicMessage("bad"), ClassicMessage("c")]
+    assert listener.consume_each(msgs) == [SUCCESS, LATER, SUCCESS]
+    assert effects.counts() == {"a": 1, "c": 1}
+    result = listener.consume_message([ClassicMessage("d"), ClassicMessage("bad")])
+    assert (result.status, result.ack_index) == (LATER, 0)
+    assert effects.counts() == {"a": 1, "c": 1, "d": 1}
+    assert status_of(config, "bad") is None
+
+
+def test_the_handler_gets_the_transactions_connection(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """A SQLAlchemy Connection with an engine; else the DB-API proxy, whose cursor works."""
+    seen = []
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        seen.append(conn)
+        return True
+
+    assert EffectListener(config, effects, behaviour)(ClassicMessage("m1")) is SUCCESS
+    assert config.persist is not None
+    if getattr(config.persist, "engine", None) is not None:
+        assert type(seen[0]).__name__ == "Connection"
+    else:
+        assert type(seen[0]).__name__ == "HandlerConnection"
+
+
+# -- requirement 2: a duplicate is answered at once -----------------------------------------------
+
+
+def test_a_duplicate_is_answered_at_once_whatever_locks_the_first_holds(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """While the first copy holds row locks and sleeps, its duplicate gets RECONSUME_LATER
+    within 1 s without running; after the commit a duplicate is acked without the handler."""
+    sql(f"INSERT INTO {effects.name} (k, v) VALUES ('lock-me', '0')")
+    holding, finish = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        if msg.body == b"first":
+            execute(conn, f"UPDATE {effects.name} SET v = 'x' WHERE k = 'lock-me'")
+            holding.set()
+            finish.wait(10)
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    answers = []
+    first = threading.Thread(
+        target=lambda: answers.append(listener(ClassicMessage("m1", body=b"first")))
+    )
+    first.start()
+    try:
+        assert holding.wait(10)
+        for _ in range(3):
+            begin = time.monotonic()
+            assert listener(ClassicMessage("m1", body=b"dup")) is LATER
+            assert time.monotonic() - begin < 1.0
+        assert listener.calls["m1"] == 1
+    finally:
+        finish.set()
+        first.join(10)
+    assert answers == [SUCCESS]
+    assert listener(ClassicMessage("m1", body=b"dup")) is SUCCESS
+    assert listener.calls["m1"] == 1 and effects.count("m1") == 1
+
+
+# -- requirement 5: the committed record is the final word ----------------------------------------
+
+
+def test_a_duplicate_after_the_commit_is_acked_without_the_handler(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """The record committed with the handler's writes answers every later copy."""
+    listener = EffectListener(config, effects)
+    for _ in range(3):
+        assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener.calls == {"m1": 1} and effects.count("m1") == 1
+
+
+def _delete_record(config: DedupConfig, msg_id: str) -> None:
+    assert isinstance(config.persist, MySQLDedupStore)
+    config.persist.delete(element(config, msg_id), force=True)
+
+
+def test_a_lost_claim_cannot_let_a_second_commit_happen(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """The first copy's claim is lost mid-handler and a second copy commits meanwhile: the
+    first's CONSUMED insert is refused by the key, it rolls back and is acked as a duplicate."""
+    running, finish = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        if msg.body == b"first":
+            running.set()
+            finish.wait(10)
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    answers = []
+    first = threading.Thread(
+        target=lambda: answers.append(listener(ClassicMessage("m1", body=b"first")))
+    )
+    first.start()
+    try:
+        assert running.wait(10)
+        _delete_record(config, "m1")  # the claim record is lost
+        assert listener(ClassicMessage("m1", body=b"second")) is SUCCESS  # claims afresh
+    finally:
+        finish.set()
+        first.join(10)
+    assert answers == [SUCCESS]  # acked as a duplicate of the second's commit
+    assert listener.calls["m1"] == 2 and effects.count("m1") == 1
+    assert status_of(config, "m1") is DedupStatus.CONSUMED
+
+
+def test_a_lost_claim_alone_still_commits_once(config: DedupConfig, effects: EffectTable) -> None:
+    """The claim record is lost and no other copy came: the commit recreates the record, so
+    the redelivery is a duplicate."""
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        _delete_record(config, msg.id)
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    listener.behaviour = None
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener.calls["m1"] == 1 and effects.count("m1") == 1
+
+
+# -- requirement 7: bad input and misuse ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "o-1",
+        ("o-1",),
+        ("o-1", "1"),
+        ("o-1", True),
+        ("", 1),
+        (1, 1),
+        ("o-1", 2**63),
+        ("o-1", 1.0),
+        RuntimeError("no sequence"),
+    ],
+    ids=["str", "1-tuple", "seq-str", "seq-bool", "empty", "int-entity", "big", "float", "raises"],
+)
+def test_a_bad_sequence_key_is_retried_later(
+    config: DedupConfig, effects: EffectTable, value: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """sequence_key raising or returning a non-(str, int) pair: an error logged,
+    RECONSUME_LATER, the handler not run, the claim released."""
+
+    def sequence(msg: Any) -> Any:
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    listener = SequencedListener(config, effects, sequence)
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is LATER
+    assert listener.calls == {} and effects.count("m1") == 0
+    assert status_of(config, "m1") is None
+    assert any("sequence_key" in r.getMessage() for r in caplog.records)
+
+
+def _misuse(call: str) -> Any:
+    def behaviour(msg: Any, conn: Any) -> bool:
+        try:
+            if call == "autocommit":
+                conn.autocommit(True)
+            else:
+                getattr(conn, call)()
+        except Exception:  # a handler that swallows the refusal still fails
+            pass
+        return True
+
+    return behaviour
+
+
+@pytest.mark.parametrize("call", ["commit", "rollback", "close", "autocommit"])
+def test_a_handler_cannot_end_its_transaction(
+    config: DedupConfig,
+    effects: EffectTable,
+    call: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """conn.commit()/rollback()/close()/autocommit(True) in the handler: refused or detected,
+    an error logged, nothing committed, RECONSUME_LATER; the retry commits once."""
+    assert config.persist is not None
+    if call == "autocommit" and getattr(config.persist, "engine", None) is not None:
+        pytest.skip("a SQLAlchemy Connection has no autocommit(); see the engine test")
+    listener = EffectListener(config, effects, _misuse(call))
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is LATER
+    assert effects.count("m1") == 0
+    assert status_of(config, "m1") is None
+    assert any("do_handle_msg called" in r.getMessage() for r in caplog.records)
+    listener.behaviour = None
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert effects.count("m1") == 1
+
+
+@pytest.mark.parametrize("driver", ["mysqlclient", "pymysql"])
+def test_a_factory_in_autocommit_mode_still_rolls_back(
+    driver: str, table: str, effects: EffectTable
+) -> None:
+    """Connections the factory opens in autocommit mode: the transaction is explicit, so a
+    failed handler's writes are still rolled back."""
+    config = make_config(mysql_connect(driver, autocommit=True), table)
+    try:
+        listener = EffectListener(config, effects, lambda msg, conn: msg.id == "ok")
+        assert listener(ClassicMessage("no")) is LATER
+        assert listener(ClassicMessage("ok")) is SUCCESS
+        assert effects.counts() == {"ok": 1}
+    finally:
+        config.close()
+
+
+@pytest.mark.parametrize("driver", ["sqlalchemy+mysqlclient", "sqlalchemy+pymysql"])
+def test_an_engine_in_autocommit_mode_is_refused_per_message(
+    driver: str, table: str, effects: EffectTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """isolation_level="AUTOCOMMIT": engine.begin() would open no transaction, so every
+    message gets an error and RECONSUME_LATER, and the handler never runs."""
+    engine = make_client(driver, isolation_level="AUTOCOMMIT")
+    config = make_config(engine, table)
+    try:
+        listener = EffectListener(config, effects)
+        with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+            assert listener(ClassicMessage("m1")) is LATER
+        assert listener.calls == {} and effects.count("m1") == 0
+        assert status_of(config, "m1") is None
+        assert any("autocommit" in r.getMessage() for r in caplog.records)
+    finally:
+        config.close()
+        dispose(engine)
+
+
+def test_a_config_without_the_mysql_store_is_refused() -> None:
+    """Memory store, no config, dedup disabled: DedupConfigError at construction."""
+
+    class Listener(TransactionalDedupListener):
+        def do_handle_msg(self, msg: Any, conn: Any) -> bool:
+            return True
+
+    memory = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
+    for config in (memory, None, DedupConfig.disable_dedup_consume_config("app")):
+        with pytest.raises(DedupConfigError, match="MySQL store"):
+            Listener(config)  # type: ignore[arg-type]
+
+
+def test_a_store_outage_is_reconsume_later_whatever_the_policy(effects: EffectTable) -> None:
+    """An unreachable database: RECONSUME_LATER even with store_failure_policy="consume"."""
+    config = DedupConfig.enable_dedup_consume_config(
+        unique("eo-app"),
+        mysql_connect(port=1, connect_timeout=1),
+        check_store=False,
+        store_failure_policy="consume",
+    )
+    listener = EffectListener(config, effects)
+    assert listener(ClassicMessage("m1")) is LATER
+    assert listener.calls == {}
+
+
+def test_a_message_without_a_key_still_runs_in_a_transaction(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """Dedup key None: no record, but the handler's writes still commit or roll back whole."""
+
+    class NoKey(EffectListener):
+        def dedup_message_key(self, msg: Any) -> Any:
+            return None
+
+    listener = NoKey(config, effects, lambda msg, conn: msg.body == b"ok")
+    assert listener(ClassicMessage("m1", body=b"no")) is LATER
+    assert listener(ClassicMessage("m1", body=b"ok")) is SUCCESS
+    assert effects.count("m1") == 1
+
+
+# -- requirement 8: tables ------------------------------------------------------------------------
+
+
+def test_create_table_creates_every_table_idempotently(client: Any) -> None:
+    """create_table() twice: the dedup and the sequence table exist, nothing fails."""
+    name = unique("t_eo_tables")
+    config = make_config(client, name)
+    try:
+        assert isinstance(config.persist, MySQLDedupStore)
+        config.persist.create_table()
+        config.persist.create_table()
+        tables = {
+            str(t)
+            for (t,) in sql(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name LIKE %s",
+                (name + "%",),
+            )
+        }
+        assert tables == {name, name + "_seq"}
+    finally:
+        config.close()
+        sql(f"DROP TABLE IF EXISTS {name}")
+        sql(f"DROP TABLE IF EXISTS {name}_seq")
+
+
+def test_schema_mysql_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's schema mysql prints the dedup table and its sequence table."""
+    from rocketmq_dedup.cli import main
+
+    assert main(["schema", "mysql", "--table", "t_x"]) == 0
+    out = capsys.readouterr().out
+    assert "CREATE TABLE IF NOT EXISTS `t_x` (" in out
+    assert "CREATE TABLE IF NOT EXISTS `t_x_seq` (" in out
+
+
+def test_an_engine_makes_the_mysql_store() -> None:
+    """make_store takes a SQLAlchemy Engine: a MySQL store on it (no password in its
+    description); an engine of another dialect is refused."""
+    import sqlalchemy
+
+    from rocketmq_dedup.stores import make_store
+
+    engine = make_client("sqlalchemy+pymysql")
+    try:
+        store = make_store(engine, table_name="t_x", pool_size=2)
+        assert isinstance(store, MySQLDedupStore) and store.engine is engine
+        assert "SQLAlchemy" in store.describe()
+        assert f":{MYSQL['password']}@" not in store.describe()
+    finally:
+        dispose(engine)
+    with pytest.raises(DedupConfigError, match="dialect"):
+        make_store(sqlalchemy.create_engine("sqlite://"))

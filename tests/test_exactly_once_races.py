@@ -1,0 +1,246 @@
+"""Exactly-once under races, lapsed leases and a killed consumer (issue 11, requirements 3
+and 4, and the 16-thread race), on every driver."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Deque, Dict, Iterator, List
+
+import pytest
+
+from rocketmq_dedup import ConsumeStatus, DedupStatus
+from rocketmq_dedup.message import DedupElement
+from tests.support import ClassicMessage, wait_for
+from tests.test_exactly_once_support import (
+    DRIVERS,
+    EffectListener,
+    EffectTable,
+    dispose,
+    make_client,
+    make_config,
+    sql,
+    unique,
+)
+
+pytestmark = pytest.mark.mysql
+
+SUCCESS = ConsumeStatus.CONSUME_SUCCESS
+LATER = ConsumeStatus.RECONSUME_LATER
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def table() -> Iterator[str]:
+    name = unique("t_eo_race")
+    yield name
+    sql(f"DROP TABLE IF EXISTS {name}")
+    sql(f"DROP TABLE IF EXISTS {name}_seq")
+
+
+@pytest.fixture(params=DRIVERS)
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def client(driver: str) -> Iterator[Any]:
+    client = make_client(driver)
+    yield client
+    dispose(client)
+
+
+@pytest.fixture
+def effects() -> Iterator[EffectTable]:
+    effects = EffectTable()
+    yield effects
+    effects.drop()
+
+
+def test_sixteen_threads_racing_on_the_same_keys_apply_each_once(
+    client: Any, table: str, effects: EffectTable
+) -> None:
+    """16 threads, 24 keys delivered 4 times each in random order; RECONSUME_LATER answers
+    are redelivered: every copy ends acked, each key's effect exactly once."""
+    config = make_config(client, table)
+    config.persist.create_table()  # type: ignore[union-attr]
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        time.sleep(random.uniform(0, 0.005))  # work, so copies overlap
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    keys = [f"k{i}" for i in range(24)]
+    queue: Deque[ClassicMessage] = collections.deque(
+        random.sample([ClassicMessage(k) for k in keys for _ in range(4)], 96)
+    )
+    answers: Dict[str, List[ConsumeStatus]] = collections.defaultdict(list)
+    lock = threading.Lock()
+    deadline = time.monotonic() + 60
+
+    def worker() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                if not queue:
+                    return
+                msg = queue.popleft()
+            status = listener(msg)
+            with lock:
+                answers[msg.id].append(status)
+                if status is LATER:
+                    queue.append(msg)  # the broker's redelivery
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(70)
+    try:
+        assert not queue, "some messages were never acked"
+        assert effects.counts() == dict.fromkeys(keys, 1)
+        assert listener.calls == dict.fromkeys(keys, 1)
+        assert all(a.count(SUCCESS) == 4 for a in answers.values())
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("first_to_finish", ["takeover", "stalled"])
+def test_a_stalled_attempt_and_its_takeover_commit_once(
+    client: Any, table: str, effects: EffectTable, first_to_finish: str
+) -> None:
+    """Lease 300 ms, no renewal: the first copy stalls past its lease and a second copy takes
+    the message over. Whichever finishes first, exactly one transaction commits and the effect
+    is applied once; the other is rolled back (acked as a duplicate, or RECONSUME_LATER)."""
+    config = make_config(
+        client, table, dedup_processing_expire_milli_seconds=300, lease_renewal=False
+    )
+    config.persist.create_table()  # type: ignore[union-attr]
+    started = {b"first": threading.Event(), b"second": threading.Event()}
+    finish = {b"first": threading.Event(), b"second": threading.Event()}
+    if first_to_finish == "takeover":
+        finish[b"second"].set()  # the takeover does not stall
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        started[msg.body].set()
+        assert finish[msg.body].wait(10)
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    answers: Dict[bytes, ConsumeStatus] = {}
+
+    def deliver_first() -> None:
+        answers[b"first"] = listener(ClassicMessage("m1", body=b"first"))
+
+    def deliver_second() -> None:  # redelivered until it gets past the claim
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            status = listener(ClassicMessage("m1", body=b"second"))
+            if started[b"second"].is_set():
+                answers[b"second"] = status
+                return
+
+    first = threading.Thread(target=deliver_first)
+    first.start()
+    assert started[b"first"].wait(10)
+    second = threading.Thread(target=deliver_second)
+    second.start()
+    try:
+        assert started[b"second"].wait(10), "the takeover never ran"
+        if first_to_finish == "takeover":
+            second.join(10)
+            assert answers[b"second"] is SUCCESS
+            finish[b"first"].set()
+            first.join(10)
+            assert answers[b"first"] is SUCCESS  # rolled back, acked as a duplicate
+        else:
+            finish[b"first"].set()
+            first.join(10)
+            assert answers[b"first"] is LATER  # rolled back: the takeover still holds it
+            assert effects.count("m1") == 0
+            finish[b"second"].set()
+            second.join(10)
+            assert answers[b"second"] is SUCCESS
+    finally:
+        for event in finish.values():
+            event.set()
+        first.join(10)
+        second.join(10)
+        listener.close()
+    assert listener.calls["m1"] == 2
+    assert effects.count("m1") == 1
+    element = DedupElement(config.application_name, "TEST-TOPIC", "TagA", "m1")
+    assert config.persist.get_status(element) is DedupStatus.CONSUMED  # type: ignore[union-attr]
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from rocketmq_dedup import DedupConfig, TransactionalDedupListener
+    from tests.support import ClassicMessage
+    from tests.test_exactly_once_support import execute, make_client
+
+    driver, table, app, effects, msg_id = sys.argv[1:]
+    config = DedupConfig.enable_dedup_consume_config(
+        app, make_client(driver), table_name=table, dedup_processing_expire_milli_seconds=1000
+    )
+
+    class Listener(TransactionalDedupListener):
+        def do_handle_msg(self, msg, conn):
+            execute(conn, "INSERT INTO " + effects + " (k) VALUES (%s)", (msg.id,))
+            print("in-handler", flush=True)
+            time.sleep(60)
+            return True
+
+    Listener(config)(ClassicMessage(msg_id))
+    print("finished", flush=True)
+    """
+)
+
+
+def test_a_consumer_killed_in_its_handler_commits_nothing(
+    driver: str, client: Any, table: str, effects: EffectTable, tmp_path: Path
+) -> None:
+    """SIGKILL inside the handler (a child process, lease 1 s): nothing of its transaction is
+    committed, and the redelivery after the lease runs the handler once."""
+    config = make_config(client, table, dedup_processing_expire_milli_seconds=1000)
+    config.persist.create_table()  # type: ignore[union-attr]
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD.format(root=str(ROOT)))
+    child = subprocess.Popen(
+        [sys.executable, str(script), driver, table, config.application_name, effects.name, "m1"],
+        stdout=subprocess.PIPE,
+        env={**os.environ},
+        cwd=str(ROOT),
+    )
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 30)
+        assert ready and child.stdout.readline().strip() == b"in-handler"
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    assert effects.count("m1") == 0  # its INSERT was never committed
+    element = DedupElement(config.application_name, "TEST-TOPIC", "TagA", "m1")
+    listener = EffectListener(config, effects)
+    try:
+        assert config.persist.get_status(element) is DedupStatus.CONSUMING  # type: ignore[union-attr]
+        assert listener(ClassicMessage("m1")) is LATER  # the dead consumer's lease
+        wait_for(lambda: listener(ClassicMessage("m1")) is SUCCESS, timeout=10)
+        assert listener(ClassicMessage("m1")) is SUCCESS  # a duplicate now
+        assert listener.calls == {"m1": 1}
+        assert effects.count("m1") == 1
+    finally:
+        listener.close()
