@@ -38,7 +38,8 @@ run_suite() {  # run_suite NAME VENV PYTEST-ARGS...
   with_client_home e2e "$venv/bin/python" -m pytest -p no:cacheprovider \
     --junitxml="$RESULTS/$name.xml" "$@" || failed=1
 }
-run_suite core .venv tests -m "not e2e" "$@"
+run_suite unit .venv tests/unit "$@"
+run_suite integration .venv tests/integration "$@"
 # -v: a line per test as it completes (the e2e suites take minutes)
 run_suite e2e-classic .venv-classic tests/e2e -m e2e -v "$@"
 run_suite e2e-grpc .venv-grpc tests/e2e -m e2e -v "$@"

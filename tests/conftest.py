@@ -1,5 +1,8 @@
-"""Fixtures: real Redis and MariaDB (started by scripts/services.sh); a missing server fails
-the test run loudly instead of skipping."""
+"""Fixtures for every layer: server clients (real Redis and MariaDB started by
+scripts/services.sh; connected only when a test asks for them, and a missing server fails the
+test loudly instead of skipping) and the store kinds. Each layer's conftest says which store
+kinds its ``store`` fixture runs: tests/unit the memory store and a user store, tests/integration
+the servers."""
 
 from __future__ import annotations
 
@@ -10,8 +13,10 @@ import pytest
 import redis
 
 from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, RedisDedupStore
+from rocketmq_dedup.stores import make_store as make_store_for
 from rocketmq_dedup.stores.base import DedupStore
-from tests.support import REDIS_CLUSTER_URL, REDIS_URL, mysql_connect
+from rocketmq_dedup.stores.foreign import ForeignStore
+from tests.support import REDIS_CLUSTER_URL, REDIS_URL, DuckStore, mysql_connect
 
 TEST_TABLE = "t_rocketmq_dedup_test"
 # "mysql" runs on mysqlclient (its connection API), "mysql_pymysql" on PyMySQL and
@@ -70,6 +75,10 @@ def app_name() -> str:
 def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
     if kind == "memory":
         return MemoryDedupStore()
+    if kind == "foreign":  # a user's duck-typed store, through the adapter
+        store = make_store_for(DuckStore())
+        assert isinstance(store, ForeignStore)
+        return store
     if kind == "redis":
         return RedisDedupStore(request.getfixturevalue("redis_client"))
     if kind == "redis_cluster":
@@ -80,17 +89,3 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
         request.addfinalizer(store.close)
         return store
     raise ValueError(kind)
-
-
-@pytest.fixture(params=STORE_KINDS)
-def store(request: pytest.FixtureRequest) -> DedupStore:
-    """Every store kind, real servers where the kind has one."""
-    return make_store(request.param, request)
-
-
-@pytest.fixture(
-    params=[k for k in STORE_KINDS if k not in ("memory", "mysql_pymysql", "mysql_connector")]
-)
-def shared_store_kind(request: pytest.FixtureRequest) -> str:
-    """Store kinds shared between processes."""
-    return str(request.param)

@@ -92,3 +92,28 @@ class GrpcMessage:
         self.body = body
         self.delivery_attempt = delivery_attempt
         self.properties: Dict[str, str] = {}
+
+
+class DuckStore:
+    """A user's own store, duck-typed (``claim``, ``mark_consumed``, ``release``, ``renew``,
+    ``get_status``), as ``DedupConfig`` accepts it through the adapter; records in memory."""
+
+    def __init__(self) -> None:
+        from rocketmq_dedup import MemoryDedupStore
+
+        self._records = MemoryDedupStore()
+
+    def claim(self, element: Any, owner: str, lease_ms: int) -> Any:
+        return self._records.claim(element, owner, lease_ms)
+
+    def mark_consumed(self, element: Any, owner: str, retention_ms: int) -> None:
+        self._records.mark_consumed(element, owner, retention_ms)
+
+    def release(self, element: Any, owner: str) -> bool:
+        return self._records.release(element, owner)
+
+    def renew(self, element: Any, owner: str, lease_ms: int) -> bool:
+        return self._records.renew_many([element], [owner], lease_ms)[0]
+
+    def get_status(self, element: Any) -> Any:
+        return self._records.get_status(element)

@@ -191,6 +191,11 @@ class ConnectionPool:
         _never_free(inherited)
 
     @property
+    def waiting(self) -> int:
+        """Callers waiting for a connection."""
+        return self._waiting
+
+    @property
     def open_count(self) -> int:
         """How many connections this process has open (or is opening) from this pool."""
         return self._slots

@@ -163,7 +163,6 @@ FENCED_MARK_SQL = (
 # refuses it if any record of the key exists (another copy's claim or CONSUMED record); it
 # succeeds only if the record was lost, and then no other attempt can commit the key after it.
 FENCED_INSERT_SQL = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES {MARK_CONSUMED_ROW}"
-START_TRANSACTION_SQL = "START TRANSACTION"
 #: The server's "duplicate entry" error (ER_DUP_ENTRY).
 DUPLICATE_ENTRY = 1062
 

@@ -174,6 +174,9 @@ class MySQLDedupStore(DedupStore):
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
         self._description = f"MySQL {describe_factory(connect)} table {self.table_name}"
         self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
+        # The exactly-once mode's transactions hold a connection for a whole handler: their own
+        # pool (opened on first use), so they never starve claims, marks and lease renewal.
+        self._tx_pool = ConnectionPool(self._open_tx_runner, pool_size, float(pool_timeout))
         #: The SQLAlchemy ``Engine`` the store was built on (:meth:`from_engine`), else None.
         self.engine: Any = None
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
@@ -216,6 +219,11 @@ class MySQLDedupStore(DedupStore):
         store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
         guard_engine(engine)
         return store
+
+    @property
+    def pool(self) -> ConnectionPool:
+        """The connection pool (for operators and tests: ``open_count``, ``take``/``give``)."""
+        return self._pool
 
     @property
     def pool_size(self) -> int:
@@ -275,6 +283,7 @@ class MySQLDedupStore(DedupStore):
         """Close every connection of the pool (busy ones when their operation ends). The store
         stays usable: it reconnects on its next operation."""
         self._pool.close()
+        self._tx_pool.close()
 
     # -- operator API --------------------------------------------------------------------
 
@@ -298,9 +307,10 @@ class MySQLDedupStore(DedupStore):
 
     def begin_transaction(self) -> Transaction:
         """Open one message's business transaction (:mod:`.transaction`): on the engine when
-        the store was built on one, else on a connection of the store's pool, which is taken
-        for the whole transaction (size ``pool_size`` for the consumer's threads plus one).
-        Raises :class:`StoreError` (:class:`StoreUnavailableError` for an outage)."""
+        the store was built on one, else on a connection of the store's transaction pool
+        (``pool_size`` connections in autocommit-off mode, apart from the pool of claims, and
+        each taken for a whole transaction: size it for the consumer's threads). Raises
+        :class:`StoreError` (:class:`StoreUnavailableError` for an outage)."""
         return self._call(self._begin_transaction)
 
     def _begin_transaction(self) -> Transaction:
@@ -313,28 +323,30 @@ class MySQLDedupStore(DedupStore):
                 tx.close()
                 raise
             return tx
-        for attempt in (1, 2):
-            runner = self._pool.take()
-            tx = DbapiTransaction(self, runner)
-            try:
-                tx.begin()
-            except BaseException as exc:
-                self._pool.discard(runner)
-                if attempt == 2 or not isinstance(exc, Exception) or not is_connection_error(exc):
-                    raise
-                # a pooled connection lost meanwhile (server restart): the idle ones too
-                logger.warning("%s: connection failed (%s); reconnecting", self._description, exc)
-                self._pool.drain()
-                continue
-            return tx
-        raise AssertionError("unreachable")  # pragma: no cover
+        return DbapiTransaction(self, self._tx_pool.take())
+
+    def _open_tx_runner(self) -> Runner:
+        """A connection for transactions: prepared as any, then autocommit off, so that a
+        transaction begins with its first statement (no ``START TRANSACTION`` round trip:
+        measured 58 us of a 370 us message) and whatever the factory asked for."""
+        runner = self._open_runner()
+        conn = runner.conn
+        try:
+            if isinstance(getattr(type(conn), "autocommit", None), property):
+                conn.autocommit = False  # mysql-connector-python
+            else:
+                conn.autocommit(False)
+        except BaseException:
+            runner.close()
+            raise
+        return runner
 
     def return_runner(self, runner: Runner, discard: bool) -> None:
-        """Give a transaction's connection back to the pool, or close it."""
+        """Give a transaction's connection back to its pool, or close it."""
         if discard:
-            self._pool.discard(runner)
+            self._tx_pool.discard(runner)
         else:
-            self._pool.give(runner)
+            self._tx_pool.give(runner)
 
     def record_owner(self, element: DedupElement) -> Optional[Tuple[Optional[DedupStatus], str]]:
         """The live record of ``element`` as (status, owner token), or None."""

@@ -6,9 +6,10 @@ What to do with each outcome is decided by the strategy, never here.
 
 Two kinds, picked by the store:
 
-* :class:`DbapiTransaction`: a connection taken from the store's own pool (each is already in
-  autocommit mode, utf8mb4, UTC), on which ``START TRANSACTION`` opens the transaction
-  explicitly, so the autocommit mode the connection factory asked for does not matter. The
+* :class:`DbapiTransaction`: a connection taken from the store's transaction pool (each is
+  prepared as the store's others, utf8mb4 and UTC, then switched to autocommit off whatever
+  the connection factory asked for), so the transaction begins with its first statement, with
+  no ``START TRANSACTION`` round trip, and ends with the COMMIT or ROLLBACK. The
   handler gets a :class:`HandlerConnection`: the same connection, with the calls that would end
   or reconfigure the transaction refused (:data:`REFUSED_CALLS`). The connection goes back to
   the pool after COMMIT or ROLLBACK; a connection that raised is closed, never reused.
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 from rocketmq_dedup.errors import DedupError
 from rocketmq_dedup.message import DedupElement, element_digest, encode_text
 from rocketmq_dedup.stores.mysql.pool import Runner
-from rocketmq_dedup.stores.mysql.sql import DUPLICATE_ENTRY, START_TRANSACTION_SQL
+from rocketmq_dedup.stores.mysql.sql import DUPLICATE_ENTRY
 
 if TYPE_CHECKING:
     from rocketmq_dedup.stores.mysql.store import MySQLDedupStore
@@ -282,8 +283,9 @@ class DbapiTransaction(Transaction):
         return self._runner.run(sql, params, fetch)
 
     def _begin(self) -> None:
-        # Explicit: opens a transaction whatever the connection's autocommit mode is.
-        self._runner.run(START_TRANSACTION_SQL, (), False)
+        """Nothing to send: the connection is in autocommit-off mode, so the transaction
+        begins with its first statement. (A connection lost while idle in the pool fails that
+        statement: the message is retried and the connection discarded.)"""
 
     def _commit(self) -> None:
         self._runner.conn.commit()

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Callable, List, Optional, Protocol, Sequence
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 
 class Waker(Protocol):
@@ -143,6 +143,22 @@ class Coalescer:
         self._pending: List[Request] = []
         self._busy = False
         self._spare: List[Waker] = []
+
+    # -- state, for operators and tests ----------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for the next round trip."""
+        return len(self._pending)
+
+    @property
+    def idle(self) -> bool:
+        """True when no round trip is in flight and nothing is queued."""
+        return not self._busy and not self._pending
+
+    def spare_wakers(self) -> Tuple[Waker, ...]:
+        """The idle wakers kept for reuse."""
+        return tuple(self._spare)
 
     def run(self, request: Request) -> Request:
         """Execute ``request`` (alone or with others) and return it, result or error set.

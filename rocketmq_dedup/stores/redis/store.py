@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import DedupConfigError, MissingExtraError
 from rocketmq_dedup.message import DedupElement, to_text
@@ -36,7 +36,7 @@ from rocketmq_dedup.stores.base import (
     round_trip,
 )
 from rocketmq_dedup.stores.redis import transport
-from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request
+from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request, Waker, default_waker
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
     CONSUMED,
@@ -84,10 +84,16 @@ class RedisDedupStore(DedupStore):
     :param key_prefix: the first segment of every record key.
     :param coalesce: combine the requests of concurrent threads into shared round trips
         (``redis.Redis`` only; a request that arrives alone is sent at once).
+    :param waker: how a thread waiting for a coalesced round trip is woken (see
+        :func:`~rocketmq_dedup.stores.redis.coalesce.default_waker`).
     """
 
     def __init__(
-        self, client: Any, key_prefix: str = DEFAULT_KEY_PREFIX, coalesce: bool = True
+        self,
+        client: Any,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        coalesce: bool = True,
+        waker: Callable[[], Waker] = default_waker,
     ) -> None:
         if redis is None:
             raise MissingExtraError("redis", "redis")
@@ -103,7 +109,9 @@ class RedisDedupStore(DedupStore):
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {kind: client.register_script(text) for kind, text in SCRIPTS.items()}
         self._delete_script = client.register_script(DELETE_SCRIPT)  # operators only
-        self._coalescer = Coalescer(self._execute) if coalesce and not self._cluster else None
+        self._coalescer = (
+            Coalescer(self._execute, waker) if coalesce and not self._cluster else None
+        )
         self._set_nx_get = True  # until the server says it has no SET NX GET
         # The connection of the coalesced round trips, checked out of the client's pool. The
         # finalizer gives it back when the store is dropped without close(); it references the
@@ -112,6 +120,12 @@ class RedisDedupStore(DedupStore):
         self._finalizer = weakref.finalize(self, self._lease.orphan)
         self._finalizer.atexit = False  # sockets close with the process anyway
         transport.release_orphans()
+
+    @property
+    def coalescer(self) -> Optional[Coalescer]:
+        """What combines concurrent threads' requests into shared round trips (None on a
+        cluster, or with ``coalesce=False``)."""
+        return self._coalescer
 
     def record_key(self, element: DedupElement) -> bytes:
         """The Redis key of ``element``."""

@@ -28,9 +28,7 @@ def waker(request: pytest.FixtureRequest) -> Any:
 
 def coalesced_store(client: redis.Redis, waker: Any) -> RedisDedupStore:
     """A Redis store whose coalescer wakes its waiters with ``waker``."""
-    store = RedisDedupStore(client)
-    store._coalescer = Coalescer(store._execute, waker)
-    return store
+    return RedisDedupStore(client, waker=waker)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
@@ -88,7 +86,7 @@ def queue_callers(
     callers = [threading.Thread(target=target) for _ in range(n)]
     for t in callers:
         t.start()
-    wait_for(lambda: len(coalescer._pending) == n)
+    wait_for(lambda: coalescer.queued == n)
     return callers
 
 
@@ -162,19 +160,19 @@ def test_interrupted_waiter_is_withdrawn_and_never_stalls_the_others(
     caller = threading.Thread(target=interrupted_caller)
     caller.start()
     if after_wake:  # queued first: it is the one promoted to lead the next round
-        wait_for(lambda: len(coalescer._pending) == 1)
+        wait_for(lambda: coalescer.queued == 1)
     else:
         caller.join(10)
-        assert coalescer._pending == []
+        assert coalescer.queued == 0
     results: List[Any] = []
     behind = threading.Thread(target=lambda: results.append(coalescer.run(make_request()).result))
     behind.start()
-    wait_for(lambda: len(coalescer._pending) == (2 if after_wake else 1))
+    wait_for(lambda: coalescer.queued == (2 if after_wake else 1))
     execute.release.set()
     for t in (first, caller, behind):
         t.join(10)
     assert outcome == ["interrupted"]
-    assert not any(w is made[0] for w in coalescer._spare)  # its waker is never reused
+    assert not any(w is made[0] for w in coalescer.spare_wakers())  # its waker is never reused
     assert results == ["done"]
     assert execute.batches == [1, 1]  # the withdrawn request was never executed
     assert coalescer.run(make_request()).result == "done"  # and the coalescer is idle again
@@ -211,25 +209,54 @@ def test_interrupted_round_trip_fails_every_request_of_the_batch(waker: Any) -> 
     assert len(leader_saw) == 1  # the thread that led the interrupted round trip
     assert [type(r.error) for r in served] == [Interrupted, Interrupted]
     assert all(r.result is None for r in served)
-    assert coalescer._busy is False and coalescer._pending == []
+    assert coalescer.idle
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX only")
 def test_forked_child_gets_an_idle_coalescer_and_no_parent_waker(waker: Any) -> None:
     """After fork the child never shares the parent's eventfds and never inherits a round in
     flight: its coalescer is idle, has no spare waker, and serves requests."""
-    coalescer = Coalescer(lambda batch: [setattr(r, "result", "done") for r in batch], waker)
-    parent_waker = waker()
-    coalescer._spare.append(parent_waker)
-    coalescer._busy = True  # as if another thread of the parent were mid round trip
+    gate, entered = threading.Event(), threading.Event()
+    gate.set()
+
+    def execute(batch: List[Request]) -> None:
+        entered.set()
+        assert gate.wait(10)
+        for r in batch:
+            r.result = "done"
+
+    coalescer = Coalescer(execute, waker)
+
+    def held_round() -> threading.Thread:
+        gate.clear()
+        entered.clear()
+        leader = threading.Thread(target=coalescer.run, args=(make_request(),))
+        leader.start()
+        assert entered.wait(10)
+        return leader
+
+    leader = held_round()  # a caller queued behind it leaves its waker as a spare
+    (queued,) = queue_callers(coalescer, lambda: coalescer.run(make_request()), 1)
+    gate.set()
+    for t in (leader, queued):
+        t.join(10)
+    parent_spares = coalescer.spare_wakers()
+    assert len(parent_spares) == 1
+    leader = held_round()  # a round trip in flight when the process forks
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status only
-        ok = coalescer._spare == [] and coalescer.run(make_request()).result == "done"
+        gate.set()
+        ok = (
+            coalescer.idle
+            and coalescer.spare_wakers() == ()
+            and coalescer.run(make_request()).result == "done"
+        )
         os._exit(0 if ok else 1)
-    coalescer._busy = False
+    gate.set()
+    leader.join(10)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert coalescer._spare == [parent_waker]  # the parent keeps its own
+    assert coalescer.spare_wakers() == parent_spares  # the parent keeps its own
 
 
 def test_failed_round_trip_raises_store_error(redis_client: redis.Redis) -> None:
@@ -269,7 +296,7 @@ def test_mixed_batch_after_script_flush(
 
 def test_coalescing_can_be_disabled(redis_client: redis.Redis) -> None:
     """coalesce=False sends every request itself."""
-    assert RedisDedupStore(redis_client, coalesce=False)._coalescer is None
+    assert RedisDedupStore(redis_client, coalesce=False).coalescer is None
 
 
 def test_concurrent_threads_share_round_trips(
@@ -396,7 +423,7 @@ def test_fresh_threads_reuse_spare_wakers(waker: Any) -> None:
             assert not t.is_alive()
     assert results == ["done"] * 15
     assert factory.made == 3
-    assert len(coalescer._spare) == 3
+    assert len(coalescer.spare_wakers()) == 3
 
 
 def test_spare_wakers_are_bounded_and_the_rest_closed(waker: Any) -> None:
@@ -412,7 +439,7 @@ def test_spare_wakers_are_bounded_and_the_rest_closed(waker: Any) -> None:
         t.join(10)
         assert not t.is_alive()
     assert factory.made == 6
-    assert len(coalescer._spare) == 2
+    assert len(coalescer.spare_wakers()) == 2
     if fds_before:
         import gc
 

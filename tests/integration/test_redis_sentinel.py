@@ -20,7 +20,7 @@ from tests.support import wait_for
 SENTINEL = os.environ.get("DEDUP_REDIS_SENTINEL", "127.0.0.1:26379")
 SERVICE = os.environ.get("DEDUP_REDIS_SENTINEL_MASTER", "mymaster")
 MASTER_PORT = 16380  # scripts/services.sh: the master the sentinel monitors
-SERVICES = Path(__file__).resolve().parent.parent / "scripts" / "services.sh"
+SERVICES = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
 
 
 def sentinel_address() -> Tuple[str, int]:

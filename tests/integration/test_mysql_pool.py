@@ -26,7 +26,7 @@ from tests.native import NativeBuildError, build_library, run_callbacks
 from tests.support import mysql_connect, wait_for
 
 DEFAULT_POOL_SIZE = 8  # MySQLDedupStore's documented default
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class CountingConnect:
@@ -160,7 +160,7 @@ def test_busy_pool_waits_then_fails_as_an_outage(
     error; a connection given back goes to the waiting caller."""
     store = MySQLDedupStore(counting, mysql_table, pool_size=1, pool_timeout=0.3)
     try:
-        held = store._pool.take()
+        held = store.pool.take()
         begin = time.monotonic()
         with pytest.raises(StoreUnavailableError, match="busy"):
             store.claim(element(app_name, "a"), "o", 60_000)
@@ -169,10 +169,10 @@ def test_busy_pool_waits_then_fails_as_an_outage(
         waiter = threading.Thread(
             target=lambda: results.append(store.claim(element(app_name, "b"), "o", 60_000))
         )
-        store._pool.timeout = 30.0
+        store.pool.timeout = 30.0
         waiter.start()
-        wait_for(lambda: store._pool._waiting == 1)
-        store._pool.give(held)
+        wait_for(lambda: store.pool.waiting == 1)
+        store.pool.give(held)
         waiter.join(30)
         assert results == [CLAIMED]
         assert counting.calls == 1
@@ -184,7 +184,7 @@ def test_taking_and_giving_back_a_connection_is_cheap(store: MySQLDedupStore) ->
     """A pooled connection is taken and given back in a few hundred nanoseconds (a lock and a
     list pop/append; the bound is generous for slow CI machines)."""
     store.check()
-    pool = store._pool
+    pool = store.pool
 
     def take_and_give() -> None:
         pool.give(pool.take())
@@ -281,7 +281,7 @@ import gc, os, sys
 from rocketmq_dedup import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.support import mysql_connect
-from tests.test_mysql_pool import CountingConnect
+from tests.integration.test_mysql_pool import CountingConnect
 
 driver, table, app = sys.argv[1:4]
 counting = CountingConnect(mysql_connect(driver))
@@ -367,9 +367,9 @@ def test_lost_connections_are_replaced_and_the_operation_retried(
     try:
         for i in range(4):
             store.claim(element(app_name, f"k{i}"), "o", 60_000)
-        busy = [store._pool.take() for _ in range(3)]  # three connections, all idle after
+        busy = [store.pool.take() for _ in range(3)]  # three connections, all idle after
         for runner in busy:
-            store._pool.give(runner)
+            store.pool.give(runner)
         before = counting.calls
         assert before == 3
         kill(counting.ids)
@@ -414,11 +414,11 @@ def test_close_closes_a_busy_connection_when_it_comes_back(
 ) -> None:
     """A connection busy in an operation during close() is not pulled from under it; it is
     closed when the operation gives it back, not pooled again."""
-    busy = store._pool.take()
+    busy = store.pool.take()
     store.close()
     assert busy.run("SELECT 1", (), True) == ((1,),)  # still usable by its operation
-    store._pool.give(busy)
+    store.pool.give(busy)
     wait_for(lambda: counting.open_on_server() == 0)
-    assert store._pool.open_count == 0
+    assert store.pool.open_count == 0
     assert store.claim(element(app_name), "o", 60_000) == CLAIMED
     assert counting.calls == 2

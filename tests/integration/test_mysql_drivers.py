@@ -19,7 +19,7 @@ from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.support import MYSQL, REDIS_URL, mysql_connect
-from tests.test_mysql_pool import CountingConnect
+from tests.integration.test_mysql_pool import CountingConnect
 
 DRIVERS = ["mysqlclient", "pymysql", "mysql-connector"]
 KEYS = {"cjk": "订单-\u6d88\u606f-42", "emoji": "order-\U0001f600\U0001f680"}
@@ -79,13 +79,13 @@ def test_every_driver_gets_an_autocommit_utf8mb4_utc_session(mysql_table: str, d
     """Each new connection is in autocommit, utf8mb4 and UTC, whatever the driver."""
     store = MySQLDedupStore(mysql_connect(driver, charset="latin1"), mysql_table)
     try:
-        runner = store._pool.take()
+        runner = store.pool.take()
         rows = runner.run(
             "SELECT @@autocommit, @@character_set_client, @@character_set_results, @@time_zone",
             (),
             True,
         )
-        store._pool.give(runner)
+        store.pool.give(runner)
         values = tuple(v.decode() if isinstance(v, (bytes, bytearray)) else v for v in rows[0])
         assert values == (1, "utf8mb4", "utf8mb4", "+00:00")
     finally:
@@ -116,7 +116,7 @@ def test_refused_connection_is_an_outage(mysql_table: str, app_name: str, driver
         store.claim(DedupElement(app_name, "T", "", "k"), "o", 60_000)
     with pytest.raises(StoreUnavailableError):
         store.check()
-    assert store._pool.open_count == 0  # the failed connects gave their slots back
+    assert store.pool.open_count == 0  # the failed connects gave their slots back
 
 
 def caused_by(exc: BaseException, cause: BaseException) -> BaseException:

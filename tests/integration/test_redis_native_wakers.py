@@ -16,7 +16,6 @@ import redis
 
 from rocketmq_dedup import DedupElement
 from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
-from rocketmq_dedup.stores.redis.coalesce import Coalescer
 from tests.native import NativeBuildError, build_library, run_callbacks
 
 THREADS, CALLS = 4, 100
@@ -59,8 +58,7 @@ def test_native_callbacks_reuse_wakers(
         made.append(CountedWaker())
         return made[-1]
 
-    store = RedisDedupStore(redis_client)
-    store._coalescer = Coalescer(store._execute, factory)
+    store = RedisDedupStore(redis_client, waker=factory)
     app = f"app-{uuid.uuid4().hex[:12]}"
     store.claim(DedupElement(app, "T", "", "warm-up"), "o", 60_000)
     gc.collect()
@@ -74,7 +72,7 @@ def test_native_callbacks_reuse_wakers(
     assert successes == THREADS * CALLS
     assert len(waits) > len(made)  # callbacks waited, on wakers made for earlier callbacks
     assert len(made) <= THREADS
-    kept = len(store._coalescer._spare)  # type: ignore[union-attr]
+    kept = len(store.coalescer.spare_wakers())  # type: ignore[union-attr]
     made.clear()
     gc.collect()
     assert open_fds() <= fds + (kept if waker is coalesce.EventFdWaker else 0)

@@ -20,7 +20,7 @@ from rocketmq_dedup import (
 from rocketmq_dedup.stores.mysql import PURGE_SCAN_SQL, MySQLDedupStore
 from tests.support import ClassicMessage, mysql_connect, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Ok(DedupConcurrentListener):
@@ -188,9 +188,9 @@ def test_statements_run_through_the_drivers_fastest_api(
     store = MySQLDedupStore(mysql_connect(driver), mysql_table)
     element = DedupElement(app_name, "T", "tag", "k'\\%s")
     assert store.claim(element, "o1", 5_000).claimed
-    taken = store._pool.take()
+    taken = store.pool.take()
     assert type(taken).__name__ == runner
-    store._pool.give(taken)
+    store.pool.give(taken)
     assert store.get_status(element) is DedupStatus.CONSUMING
     assert store.release(element, "o1")
     store.close()

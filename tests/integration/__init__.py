@@ -1,0 +1,1 @@
+"""Tests against the real Redis, Redis Cluster, Sentinel and MariaDB (scripts/services.sh)."""

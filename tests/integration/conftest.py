@@ -1,0 +1,51 @@
+"""The integration layer: ``store`` runs on every server kind (Redis, Redis Cluster, MariaDB
+through mysqlclient, PyMySQL and mysql-connector-python); tests are marked ``redis`` or
+``mysql`` by the servers they use."""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+
+from rocketmq_dedup.stores.base import DedupStore
+from tests.conftest import MYSQL_DRIVERS, make_store
+
+STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS]
+_REDIS_FIXTURES = {"redis_client", "redis_cluster_client"}
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request: pytest.FixtureRequest) -> DedupStore:
+    """Every server store kind."""
+    return make_store(request.param, request)
+
+
+@pytest.fixture(params=["redis", "redis_cluster", "mysql"])
+def shared_store_kind(request: pytest.FixtureRequest) -> str:
+    """Store kinds shared between processes."""
+    return str(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    """Mark each test with the servers it uses, and leave the shared test bodies that use no
+    server to the unit layer (they run there, once)."""
+    kept, dropped = [], []
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        kind = str(params.get("store", params.get("shared_store_kind", "")))
+        function = getattr(item, "function", None)
+        shared = getattr(function, "__module__", "").startswith("tests.shared.")
+        if shared and not names & {"store", "mysql_table", *_REDIS_FIXTURES}:
+            dropped.append(item)
+            continue
+        if names & _REDIS_FIXTURES or kind.startswith("redis"):
+            item.add_marker(pytest.mark.redis)
+        if "mysql_table" in names or kind.startswith("mysql"):
+            item.add_marker(pytest.mark.mysql)
+        kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

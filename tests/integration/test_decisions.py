@@ -1,0 +1,3 @@
+"""The decision rules, on Redis, Redis Cluster and MariaDB (three drivers)."""
+
+from tests.shared.decision_cases import *  # noqa: F403

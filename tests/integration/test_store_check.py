@@ -1,0 +1,17 @@
+"""The start-up check against the real servers."""
+
+from __future__ import annotations
+
+import redis
+
+from rocketmq_dedup import DedupConfig, MySQLDedupStore
+from tests.support import mysql_connect
+
+
+def test_reachable_stores_pass_the_check(redis_client: redis.Redis, mysql_table: str) -> None:
+    """Real Redis and MariaDB pass the start-up check; a missing MySQL table is fine there."""
+    assert DedupConfig.enable_dedup_consume_config("app", redis_client).persist is not None
+    config = DedupConfig.enable_dedup_consume_config(
+        "app", mysql_connect(), table_name="t_not_created_yet"
+    )
+    assert isinstance(config.persist, MySQLDedupStore)

@@ -1,0 +1,1 @@
+"""Test bodies run in both layers: memory and user stores (unit), servers (integration)."""

@@ -1,0 +1,1 @@
+"""Tests that need no server: the memory store, fakes, configuration, packaging."""
