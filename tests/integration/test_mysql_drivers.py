@@ -18,8 +18,8 @@ from rocketmq_dedup import DedupConfigError, DedupElement, DedupStatus
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from tests.support import MYSQL, REDIS_URL, mysql_connect
 from tests.integration.test_mysql_pool import CountingConnect
+from tests.support import MYSQL, REDIS_URL, mysql_connect
 
 DRIVERS = ["mysqlclient", "pymysql", "mysql-connector"]
 KEYS = {"cjk": "订单-\u6d88\u606f-42", "emoji": "order-\U0001f600\U0001f680"}
