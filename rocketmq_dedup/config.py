@@ -30,8 +30,11 @@ _SETTINGS = frozenset(
         "metrics",
         "sequence_mode",
         "sequence_start",
+        "payload_mismatch",
     }
 )
+#: ``payload_mismatch`` values: what a duplicate key with a different payload gets.
+PAYLOAD_MISMATCH_ACTIONS = ("warn", "reject")
 #: ``sequence_mode`` values (the exactly-once mode's sequence guard).
 SEQUENCE_MODES = ("strict", "latest")
 _BIGINT = 2**63
@@ -81,6 +84,7 @@ class DedupConfig:
         max_processing_milli_seconds: float = DEFAULT_MAX_PROCESSING_MILLI_SECONDS,
         metrics: Optional[DedupMetrics] = None,
         sequence_mode: str = "strict",
+        payload_mismatch: str = "warn",
         sequence_start: int = 1,
     ) -> None:
         if not isinstance(application_name, str) or not application_name:
@@ -105,6 +109,7 @@ class DedupConfig:
         self.max_processing_milli_seconds = max_processing_milli_seconds
         self.metrics = metrics
         self.sequence_mode = sequence_mode
+        self.payload_mismatch = payload_mismatch
         self.sequence_start = sequence_start
 
     # -- factories (the Java names) ------------------------------------------------------
@@ -238,6 +243,23 @@ class DedupConfig:
                 f"got {value!r}"
             )
         self._sequence_mode = value
+
+    @property
+    def payload_mismatch(self) -> str:
+        """What a duplicate key whose payload fingerprint differs from the first copy's gets
+        (listeners that define ``payload_fingerprint``): ``"warn"`` (logged and counted, then
+        answered as the duplicate it claims to be) or ``"reject"`` (also RECONSUME_LATER, so
+        it ends in the DLQ for a human to look at)."""
+        return self._payload_mismatch
+
+    @payload_mismatch.setter
+    def payload_mismatch(self, value: str) -> None:
+        if not isinstance(value, str) or value not in PAYLOAD_MISMATCH_ACTIONS:
+            raise DedupConfigError(
+                f"payload_mismatch must be one of {', '.join(map(repr, PAYLOAD_MISMATCH_ACTIONS))}"
+                f"; got {value!r}"
+            )
+        self._payload_mismatch = value
 
     @property
     def sequence_start(self) -> int:

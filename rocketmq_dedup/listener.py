@@ -10,7 +10,13 @@ from typing import Any, Iterable, List, Optional, TypeVar
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.message import message_id
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
-from rocketmq_dedup.strategy import BatchResult, DuplicateHook, Strategy, make_strategy
+from rocketmq_dedup.strategy import (
+    BatchResult,
+    DedupStrategy,
+    DuplicateHook,
+    Strategy,
+    make_strategy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +39,11 @@ class DedupConcurrentListener(abc.ABC):
         hook = self.on_duplicate
         overridden = type(self).on_duplicate is not DedupConcurrentListener.on_duplicate
         self._strategy = self._make_strategy(dedup_config, hook if overridden else None)
+        fingerprints = (
+            type(self).payload_fingerprint is not DedupConcurrentListener.payload_fingerprint
+        )
+        if fingerprints and isinstance(self._strategy, DedupStrategy):
+            self._strategy.payload_fingerprint = self.payload_fingerprint
         if dedup_config is None:
             logger.info("%s has no DedupConfig: dedup is disabled", type(self).__name__)
 
@@ -63,6 +74,15 @@ class DedupConcurrentListener(abc.ABC):
         error is logged.
         """
         return message_id(msg)
+
+    def payload_fingerprint(self, msg: Any) -> Any:
+        """What identifies the payload of ``msg`` (bytes or str), e.g. ``msg.body``; None (the
+        default) checks nothing. When overridden, its SHA-256 travels with the claim, and a
+        duplicate key whose payload differs from the first copy's (a producer reusing a key) is
+        logged and counted (outcome ``payload_mismatch``); with the config's
+        ``payload_mismatch="reject"`` it is also answered RECONSUME_LATER, so it ends in the DLQ
+        for a human to look at. Raising means RECONSUME_LATER."""
+        return None
 
     def on_duplicate(self, msg: Any, status: DedupStatus) -> None:  # noqa: B027 - optional hook
         """Called for every message answered without running the handler because of its

@@ -1,12 +1,15 @@
 """Owner tokens: who holds a claim, unique across processes and hosts, and since when.
 
-A token reads ``<12 random hex>.<pid>.<counter>@<epoch seconds>``: the random part and the pid
-make it unique (and fork-safe: a child draws a new random part), the time lets an operator see
-how long a claim has been held (``rocketmq-dedup stats``). Stores treat it as an opaque string.
+A token reads ``<12 random hex>.<pid>.<counter>@<epoch seconds>[#<payload fingerprint>]``: the
+random part and the pid make it unique (and fork-safe: a child draws a new random part), the
+time lets an operator see how long a claim has been held (``rocketmq-dedup stats``), and the
+optional fingerprint (16 hex digits) lets a duplicate's payload be compared with the first
+one's. Stores treat it as an opaque string (at most 64 characters).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import time
@@ -32,10 +35,28 @@ class _OwnerTokens:
 new_owner_token = _OwnerTokens()
 
 
+def payload_fingerprint(payload: bytes) -> str:
+    """The fingerprint of a payload: 64 bits of its SHA-256, in hex."""
+    return hashlib.sha256(payload).hexdigest()[:16]
+
+
+def with_fingerprint(owner: str, print_: str) -> str:
+    """``owner`` carrying a payload fingerprint."""
+    return f"{owner}#{print_}"
+
+
+def fingerprint(owner: Optional[str]) -> Optional[str]:
+    """The payload fingerprint a token carries, or None."""
+    if not owner:
+        return None
+    _, mark, print_ = owner.rpartition("#")
+    return print_ if mark else None
+
+
 def claimed_at(owner: str) -> Optional[float]:
     """When the claim with this token was made (epoch seconds), or None for a token this
     library did not write (older versions, other programs)."""
-    _, at, stamp = owner.rpartition("@")
+    _, at, stamp = owner.partition("#")[0].rpartition("@")
     if not at or not stamp.isdigit():
         return None
     return float(stamp)

@@ -31,7 +31,12 @@ from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
 from rocketmq_dedup.message import DedupElement, message_tag, message_topic, to_text
 from rocketmq_dedup.metrics import Decision, DedupMetrics, Outcome, StoreOp
-from rocketmq_dedup.owner import new_owner_token
+from rocketmq_dedup.owner import (
+    fingerprint,
+    new_owner_token,
+    payload_fingerprint,
+    with_fingerprint,
+)
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, StoreFailurePolicy
 from rocketmq_dedup.stores.base import ClaimResult, DedupStore
 
@@ -175,7 +180,16 @@ class PassThroughStrategy(Strategy):
 class _Delivery:
     """One message of a batch on its way through the decision path."""
 
-    __slots__ = ("element", "handler_seconds", "msg", "outcome", "owner", "position", "status")
+    __slots__ = (
+        "element",
+        "fingerprint",
+        "handler_seconds",
+        "msg",
+        "outcome",
+        "owner",
+        "position",
+        "status",
+    )
 
     def __init__(self, position: int, msg: Any) -> None:
         self.position = position  # in the batch, and so in the statuses
@@ -185,6 +199,7 @@ class _Delivery:
         self.status: Optional[ConsumeStatus] = None  # decided without the handler
         self.outcome: Optional[Outcome] = None  # for metrics; set once decided
         self.handler_seconds: Optional[float] = None  # timed only with metrics
+        self.fingerprint: Optional[str] = None  # the payload's, with payload_fingerprint
 
 
 class DedupStrategy(Strategy):
@@ -196,6 +211,8 @@ class DedupStrategy(Strategy):
         self.config = config
         self.store: DedupStore = config.persist
         self.on_duplicate = on_duplicate
+        #: The listener's ``payload_fingerprint`` if it has one (set by the listener).
+        self.payload_fingerprint: Optional[Callable[[Any], Any]] = None
         self._keeper: Optional[LeaseKeeper] = None
         self._keeper_lock = threading.Lock()
         self._log = RateLimitedLog(logger)
@@ -275,13 +292,31 @@ class DedupStrategy(Strategy):
             )
             delivery.outcome = Outcome.NO_KEY
             return False
+        if self.payload_fingerprint is not None:
+            try:
+                payload = _payload_bytes(self.payload_fingerprint(msg))
+                if payload is not None:
+                    delivery.fingerprint = payload_fingerprint(payload)
+            except Exception:
+                self._log.log(
+                    logging.ERROR,
+                    "payload_fingerprint raised; the message will be consumed later",
+                    exc_info=True,
+                )
+                delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
+                return False
         delivery.element = DedupElement(self.config.application_name, topic, message_tag(msg), key)
         return True
 
     def _claim(self, keyed: List[_Delivery]) -> List[_Delivery]:
         """Claim every keyed delivery in one store call; decide the answer of those not
         claimed; return the ones this call owns."""
-        owners = [new_owner_token() for _ in keyed]
+        owners = [
+            new_owner_token()
+            if d.fingerprint is None
+            else with_fingerprint(new_owner_token(), d.fingerprint)
+            for d in keyed
+        ]
         elements: List[DedupElement] = [d.element for d in keyed]  # type: ignore[misc]
         try:
             results = self._store_call(
@@ -333,6 +368,10 @@ class DedupStrategy(Strategy):
     def _duplicate_status(self, delivery: _Delivery, claim: ClaimResult) -> Optional[ConsumeStatus]:
         """The answer for a message whose claim was refused; None means "run the handler
         without dedup" (a record this library cannot read, as the Java original does)."""
+        if delivery.fingerprint is not None and claim.status is not None:
+            theirs = fingerprint(claim.holder)
+            if theirs is not None and theirs != delivery.fingerprint:
+                return self._payload_mismatch(delivery, claim.status)
         if claim.status is DedupStatus.CONSUMED:
             logger.debug("%r already consumed; acking the duplicate", delivery.element)
             delivery.outcome = Outcome.DUPLICATE_CONSUMED
@@ -350,6 +389,24 @@ class DedupStrategy(Strategy):
         )
         delivery.outcome = Outcome.STORE_ERROR_CONSUMED
         return None
+
+    def _payload_mismatch(self, delivery: _Delivery, status: DedupStatus) -> ConsumeStatus:
+        """A duplicate key whose payload differs from the first copy's: a producer bug. Logged
+        (and counted); with ``payload_mismatch="reject"`` answered RECONSUME_LATER so that it
+        ends in the DLQ for a human to look at, else answered as the duplicate it claims to be.
+        """
+        reject = self.config.payload_mismatch == "reject"
+        self._log.log(
+            logging.WARNING,
+            "%r: a duplicate key with a different payload (a producer reusing a key?); %s",
+            delivery.element,
+            "consume later (payload_mismatch='reject')" if reject else "treated as a duplicate",
+        )
+        delivery.outcome = Outcome.PAYLOAD_MISMATCH
+        if reject:
+            return LATER
+        self._duplicate(delivery, status)
+        return SUCCESS if status is DedupStatus.CONSUMED else LATER
 
     def _duplicate(self, delivery: _Delivery, status: DedupStatus) -> None:
         """Call the listener's ``on_duplicate`` hook; its exceptions are logged, no more."""
@@ -508,6 +565,15 @@ def make_strategy(
     if config is None or not config.enabled or config.persist is None:
         return PassThroughStrategy()
     return DedupStrategy(config, on_duplicate)
+
+
+def _payload_bytes(value: Any) -> Optional[bytes]:
+    """A payload fingerprint's input as bytes (None: no check for this message)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return bytes(value)
 
 
 # -- running handlers ----------------------------------------------------------------------------

@@ -11,8 +11,10 @@ makes it exactly once:
    token. A concurrent duplicate finds it and is answered RECONSUME_LATER at once: it never
    waits on the first copy's locks, because the first copy's transaction writes the dedup row
    only at its very end (step 4), right before COMMIT.
-2. **Begin** one transaction per message on the business database (``START TRANSACTION``
-   explicitly, so the connection factory's autocommit setting does not matter).
+2. **Begin** one transaction per message on the business database: a connection of the
+   store's transaction pool, switched to autocommit off when it was opened (so the connection
+   factory's autocommit setting does not matter, and no ``START TRANSACTION`` round trip is
+   spent), or ``engine.connect()`` + ``begin()`` with a SQLAlchemy ``Engine``.
 3. **Sequence guard** (optional, :meth:`TransactionalDedupListener.sequence_key`): lock the
    entity's row of the sequence table, decide by ``sequence_mode`` (below).
 4. **Handler** ``do_handle_msg(msg, conn)`` writes through ``conn``; then, in the same
@@ -33,6 +35,10 @@ gap is filled). ``"latest"`` - seq > last (or never seen): run; otherwise acked 
 handler. A message acked without the handler still gets its CONSUMED record (committed), so
 its redeliveries are plain duplicates. Messages of one entity are serialized by the row lock
 (a second one waits for the first's COMMIT, up to ``innodb_lock_wait_timeout``).
+Under the classic client's orderly consumer a RECONSUME_LATER retries the same message
+before the rest of its queue, so there ``strict`` needs each entity's messages sent in order
+to one queue (a sharding key), which orderly sending gives; out-of-order sends (a gap) belong
+with the concurrent consumer, whose retries go round the other messages.
 
 What it covers: writes through ``conn``, to the database that holds the dedup table. Not
 covered: RPCs, other databases, files, messages sent by the handler (they may repeat when an
@@ -429,9 +435,11 @@ class TransactionalDedupListener(DedupConcurrentListener):
 
     :param dedup_config: a config whose store is the MySQL store on the business database (a
         connection factory, or a SQLAlchemy ``Engine``); anything else raises
-        :class:`DedupConfigError`. Its pool lends each running transaction one connection, so
-        ``pool_size`` should exceed the consumer's thread count (claims, marks and lease
-        renewal share it). Its ``sequence_mode``/``sequence_start`` drive the sequence guard.
+        :class:`DedupConfigError`. ``pool_size`` bounds each of the store's two pools, the one
+        for claims, releases and lease renewal, and the one for transactions (a connection per
+        running handler): set it to at least the consumer's thread count (with an Engine, the
+        engine's pool serves the transactions). Its ``sequence_mode``/``sequence_start``
+        drive the sequence guard.
     """
 
     def __init__(self, dedup_config: DedupConfig) -> None:

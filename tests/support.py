@@ -117,3 +117,8 @@ class DuckStore:
 
     def get_status(self, element: Any) -> Any:
         return self._records.get_status(element)
+
+
+def outcome(result: Any) -> Any:
+    """A claim result without its holder: what a claim decided."""
+    return (result.claimed, result.status)

@@ -353,8 +353,8 @@ def test_a_handler_cannot_end_its_transaction(
 def test_a_factory_in_autocommit_mode_still_rolls_back(
     driver: str, table: str, effects: EffectTable
 ) -> None:
-    """Connections the factory opens in autocommit mode: the transaction is explicit, so a
-    failed handler's writes are still rolled back."""
+    """Connections the factory opens in autocommit mode: the store switches its transaction
+    connections to autocommit off, so a failed handler's writes are still rolled back."""
     config = make_config(mysql_connect(driver, autocommit=True), table)
     try:
         listener = EffectListener(config, effects, lambda msg, conn: msg.id == "ok")

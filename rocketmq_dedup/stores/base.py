@@ -50,6 +50,9 @@ class ClaimResult(NamedTuple):
     status: Optional[DedupStatus]
     """When not claimed: the live record's status (None if the store holds a value it does
     not understand, e.g. written by another program)."""
+    holder: Optional[str] = None
+    """When not claimed: the owner token that wrote the live record, if the store reports it
+    (the payload check compares fingerprints through it)."""
 
 
 class RecordInfo(NamedTuple):

@@ -36,8 +36,9 @@ class ForeignStore(PerElementStore):
         return [bool(self.target.renew(e, o, lease_ms)) for e, o in zip(elements, owners)]
 
     def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
-        claimed, status = self.target.claim(element, owner, lease_ms)
-        return ClaimResult(bool(claimed), status)
+        result = tuple(self.target.claim(element, owner, lease_ms))
+        holder = result[2] if len(result) > 2 else None  # a ClaimResult, or (claimed, status)
+        return ClaimResult(bool(result[0]), result[1], holder)
 
     def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
         self.target.mark_consumed(element, owner, retention_ms)

@@ -9,9 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
-    ALREADY_CONSUMED,
     CLAIMED,
-    HELD_BY_OTHER,
     ClaimResult,
     PerElementStore,
     RecordInfo,
@@ -75,7 +73,7 @@ class MemoryDedupStore(PerElementStore):
                 if len(self._records) >= self._sweep_at:
                     self._sweep(now)
                 return CLAIMED
-        return ALREADY_CONSUMED if record[0] is DedupStatus.CONSUMED else HELD_BY_OTHER
+        return ClaimResult(False, record[0], record[1])
 
     def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
         expires = self._clock() + retention_ms / 1000

@@ -302,3 +302,31 @@ def test_interrupted_batch_marks_the_handled_and_releases_the_rest(
 
     assert status("m1") is DedupStatus.CONSUMED
     assert wait_for(lambda: status("m2") is None and status("m3") is None)
+
+
+# -- payload fingerprints ------------------------------------------------------------------------
+
+
+class Fingerprinted(Listener):
+    """Dedups on ``keys[id]`` and fingerprints the body."""
+
+    def payload_fingerprint(self, msg: Any) -> Any:
+        return msg.body
+
+
+@pytest.mark.parametrize("action", ["warn", "reject"])
+def test_duplicate_key_with_another_payload_is_reported(
+    store: DedupStore, app_name: str, action: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same key, same payload: a plain duplicate. Same key, another payload: logged as a
+    producer bug; acked as a duplicate under "warn", RECONSUME_LATER under "reject"."""
+    listener = Fingerprinted(
+        config_for(store, app_name, payload_mismatch=action), key=lambda msg: "order-1"
+    )
+    assert listener(ClassicMessage("m1", body=b"pay 10")) is SUCCESS
+    assert listener(ClassicMessage("m2", body=b"pay 10")) is SUCCESS
+    with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+        answer = listener(ClassicMessage("m3", body=b"pay 99"))
+    assert answer is (LATER if action == "reject" else SUCCESS)
+    assert listener.runs == ["m1"]
+    assert any("different payload" in r.getMessage() for r in caplog.records)

@@ -6,7 +6,7 @@ import pytest
 
 from rocketmq_dedup import DedupElement, DedupStatus
 from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER, DedupStore
-from tests.support import wait_for
+from tests.support import outcome, wait_for
 
 LEASE = 60_000
 RETENTION = 60_000
@@ -28,7 +28,7 @@ def test_second_claim_sees_consuming(store: DedupStore, app_name: str) -> None:
     """While a claim holds, another owner's claim fails and reports CONSUMING."""
     e = element(app_name)
     store.claim(e, "o1", LEASE)
-    assert store.claim(e, "o2", LEASE) == HELD_BY_OTHER
+    assert outcome(store.claim(e, "o2", LEASE)) == outcome(HELD_BY_OTHER)
 
 
 def test_claim_after_mark_consumed_sees_consumed(store: DedupStore, app_name: str) -> None:
@@ -36,7 +36,7 @@ def test_claim_after_mark_consumed_sees_consumed(store: DedupStore, app_name: st
     e = element(app_name)
     store.claim(e, "o1", LEASE)
     store.mark_consumed(e, "o1", RETENTION)
-    assert store.claim(e, "o2", LEASE) == ALREADY_CONSUMED
+    assert outcome(store.claim(e, "o2", LEASE)) == outcome(ALREADY_CONSUMED)
     assert store.get_status(e) is DedupStatus.CONSUMED
 
 
@@ -72,7 +72,7 @@ def test_expired_lease_is_taken_over(store: DedupStore, app_name: str) -> None:
     assert store.claim(e, "o1", SHORT) == CLAIMED
     wait_for(lambda: store.claim(e, "o2", LEASE).claimed, timeout=10)
     assert store.release(e, "o1") is False
-    assert store.claim(e, "o3", LEASE) == HELD_BY_OTHER
+    assert outcome(store.claim(e, "o3", LEASE)) == outcome(HELD_BY_OTHER)
 
 
 def test_late_success_overrides_newer_claim(store: DedupStore, app_name: str) -> None:
@@ -91,7 +91,7 @@ def test_consumed_record_expires_after_retention(store: DedupStore, app_name: st
     e = element(app_name)
     store.claim(e, "o1", LEASE)
     store.mark_consumed(e, "o1", SHORT)
-    assert store.claim(e, "o2", LEASE) == ALREADY_CONSUMED
+    assert outcome(store.claim(e, "o2", LEASE)) == outcome(ALREADY_CONSUMED)
     wait_for(lambda: store.claim(e, "o3", LEASE).claimed, timeout=10)
 
 
@@ -124,7 +124,7 @@ def test_huge_and_unicode_keys_round_trip(store: DedupStore, app_name: str) -> N
     e = element(app_name, key=key, tag="\u6807\u7b7e" * 100)
     assert store.claim(e, "o1", LEASE) == CLAIMED
     store.mark_consumed(e, "o1", RETENTION)
-    assert store.claim(e, "o2", LEASE) == ALREADY_CONSUMED
+    assert outcome(store.claim(e, "o2", LEASE)) == outcome(ALREADY_CONSUMED)
 
 
 def test_claim_many_reports_each_element_in_order(store: DedupStore, app_name: str) -> None:
@@ -134,7 +134,9 @@ def test_claim_many_reports_each_element_in_order(store: DedupStore, app_name: s
     store.claim(done, "x", LEASE)
     store.mark_consumed(done, "x", RETENTION)
     results = store.claim_many([fresh, held, done, fresh], ["a", "b", "c", "d"], LEASE)
-    assert results == [CLAIMED, HELD_BY_OTHER, ALREADY_CONSUMED, HELD_BY_OTHER]
+    assert [outcome(r) for r in results] == [
+        outcome(r) for r in (CLAIMED, HELD_BY_OTHER, ALREADY_CONSUMED, HELD_BY_OTHER)
+    ]
 
 
 def test_batch_mark_and_release(store: DedupStore, app_name: str) -> None:
@@ -171,7 +173,7 @@ def test_renew_extends_only_owned_claims(store: DedupStore, app_name: str) -> No
         False,
     ]
     wait_for(lambda: store.claim(other, "x", LEASE).claimed, timeout=10)  # not extended
-    assert store.claim(mine, "x", LEASE) == HELD_BY_OTHER  # extended past SHORT
+    assert outcome(store.claim(mine, "x", LEASE)) == outcome(HELD_BY_OTHER)  # extended past SHORT
     assert store.get_status(done) is DedupStatus.CONSUMED
 
 
@@ -180,4 +182,14 @@ def test_mark_consumed_without_a_record_records_it(store: DedupStore, app_name: 
     e = element(app_name)
     store.mark_consumed(e, "o1", RETENTION)
     assert store.get_status(e) is DedupStatus.CONSUMED
-    assert store.claim(e, "o2", LEASE) == ALREADY_CONSUMED
+    assert outcome(store.claim(e, "o2", LEASE)) == outcome(ALREADY_CONSUMED)
+
+
+def test_refused_claim_names_the_holder(store: DedupStore, app_name: str) -> None:
+    """A refused claim reports the owner token that wrote the live record (CONSUMING or
+    CONSUMED), so a duplicate's payload can be compared with the first one's."""
+    e = element(app_name)
+    store.claim(e, "first#0123456789abcdef", LEASE)
+    assert store.claim(e, "o2", LEASE).holder == "first#0123456789abcdef"
+    store.mark_consumed(e, "first#0123456789abcdef", RETENTION)
+    assert store.claim(e, "o3", LEASE).holder == "first#0123456789abcdef"

@@ -98,6 +98,7 @@ def test_settings_are_attributes_and_accept_floats() -> None:
         (REDIS, {"dedup_record_reserve_minutes": 1e17}, "at most"),
         (REDIS, {"max_processing_milli_seconds": 1e20}, "at most"),
         (REDIS, {"check_store": "no"}, "check_store must be True or False"),
+        (REDIS, {"payload_mismatch": "drop"}, "payload_mismatch must be one of"),
     ],
 )
 def test_bad_configuration_fails_at_construction(client: Any, options: Any, message: str) -> None:

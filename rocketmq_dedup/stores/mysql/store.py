@@ -488,7 +488,7 @@ class MySQLDedupStore(DedupStore):
                 elif row[1] == owners[i] and row[0] == DedupStatus.CONSUMING.value:
                     results[i] = CLAIMED
                 else:
-                    results[i] = ClaimResult(False, parse_status(row[0]))
+                    results[i] = ClaimResult(False, parse_status(row[0]), row[1])
             pending = vanished
             if not pending or attempt == _CLAIM_ATTEMPTS - 1:
                 break

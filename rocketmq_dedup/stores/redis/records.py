@@ -208,7 +208,8 @@ def claim_result(reply: Any) -> ClaimResult:
     """A claim's per-key reply: 1 when ours, else the record's value."""
     if reply == 1:
         return CLAIMED
-    return ClaimResult(False, parse_status(to_text(reply)))
+    text = to_text(reply)
+    return ClaimResult(False, parse_status(text), text.partition(":")[2] or None)
 
 
 def record_info(element: DedupElement, value: Any, pttl: Any) -> Optional[RecordInfo]:
