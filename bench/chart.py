@@ -34,14 +34,14 @@ def render(document: dict[str, Any], out: Path) -> None:
     cases = document["cases"]
     names = list(cases)
     medians = [cases[n]["msgs_per_s"] for n in names]
-    lows = [m - min(cases[n]["reps"]) for n, m in zip(names, medians)]
-    highs = [max(cases[n]["reps"]) - m for n, m in zip(names, medians)]
+    lows = [m - min(cases[n]["reps"]) for n, m in zip(names, medians, strict=False)]
+    highs = [max(cases[n]["reps"]) - m for n, m in zip(names, medians, strict=False)]
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(names) + 1.5))
     ax.barh(names, medians, xerr=[lows, highs], color=[colour(n) for n in names], capsize=3)
-    for y, (value, high) in enumerate(zip(medians, highs)):
+    for y, (value, high) in enumerate(zip(medians, highs, strict=False)):
         ax.text((value + high) * 1.15, y, f"{value:,.0f}", va="center", fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlim(right=max(m + h for m, h in zip(medians, highs)) * 4)
+    ax.set_xlim(right=max(m + h for m, h in zip(medians, highs, strict=False)) * 4)
     ax.invert_yaxis()
     ax.set_xlabel("messages per second (median; whiskers: min..max of the repetitions)")
     env = document.get("env", {})

@@ -81,7 +81,7 @@ def evaluate(results: list[CaseResult]) -> list[TargetResult]:
             evaluated.append(TargetResult(target, list(num.reps), num.median))
             continue
         den = by_name[target.denominator]
-        per_rep = [a / b for a, b in zip(num.reps, den.reps)]
+        per_rep = [a / b for a, b in zip(num.reps, den.reps, strict=False)]
         evaluated.append(TargetResult(target, per_rep, num.median / den.median))
     return evaluated
 
@@ -161,7 +161,7 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 def environment(server_versions: dict[str, str], options: dict[str, Any]) -> dict[str, Any]:
     """Software and machine facts (no host name), plus the run's options."""
     return {
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "packages": {name: _version(name) for name in PACKAGES},

@@ -318,7 +318,9 @@ def stats(
             )
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         for n, line in enumerate(lines):
-            text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+            text = "  ".join(
+                cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+            ).rstrip()
             click.echo("  " + (click.style(text, bold=True) if n == 0 else text))
 
 

@@ -72,7 +72,7 @@ class LeaseKeeper:
         """Start renewing these claims until :meth:`drop`."""
         give_up = time.monotonic() + self.max_processing_ms / 1000
         with self._lock:
-            for element, owner in zip(elements, owners):
+            for element, owner in zip(elements, owners, strict=True):
                 self._held[owner] = (element, give_up)
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(
@@ -124,7 +124,9 @@ class LeaseKeeper:
             self._report(0, 0, begin, False)
             return 0
         with self._lock:  # a claim dropped meanwhile was marked or released: not lost
-            lost = [o for (o, _), ok in zip(held, renewed) if not ok and o in self._held]
+            lost = [
+                o for (o, _), ok in zip(held, renewed, strict=True) if not ok and o in self._held
+            ]
         if lost:
             logger.warning("%d claim(s) were taken over before their renewal", len(lost))
             self.drop(lost)

@@ -12,7 +12,7 @@ class ConsumeStatus(enum.IntEnum):
     RECONSUME_LATER = 1
 
 
-class DedupStatus(str, enum.Enum):
+class DedupStatus(enum.StrEnum):
     """The state of a dedup record in a store."""
 
     CONSUMING = "CONSUMING"
@@ -21,7 +21,7 @@ class DedupStatus(str, enum.Enum):
     """The handler succeeded; duplicates are acknowledged without running it."""
 
 
-class StoreFailurePolicy(str, enum.Enum):
+class StoreFailurePolicy(enum.StrEnum):
     """What to do with a message when the store cannot be reached to claim it."""
 
     CONSUME = "consume"

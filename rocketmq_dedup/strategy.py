@@ -326,7 +326,7 @@ class DedupStrategy(Strategy):
             self._store_failed(keyed, exc)
             return []
         owned = []
-        for delivery, owner, result in zip(keyed, owners, results):
+        for delivery, owner, result in zip(keyed, owners, results, strict=False):
             if result.claimed:
                 delivery.owner = owner
                 owned.append(delivery)

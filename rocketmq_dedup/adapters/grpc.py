@@ -75,7 +75,7 @@ def consume_simple(
         return SimpleRound(0, 0, 0)
     statuses = listener.consume_each(messages)
     acked = 0
-    for message, status in zip(messages, statuses):
+    for message, status in zip(messages, statuses, strict=True):
         if status is not ConsumeStatus.CONSUME_SUCCESS:
             continue
         try:

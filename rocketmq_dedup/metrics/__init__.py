@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the implementations import their extras; load them only whe
     from rocketmq_dedup.metrics._prometheus import PrometheusMetrics
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """What the listener did with one message (the ``outcome`` label)."""
 
     CONSUMED = "consumed"
@@ -47,7 +47,7 @@ class Outcome(str, enum.Enum):
     RECONSUME_LATER (it ends in the DLQ for a human to look at)."""
 
 
-class StoreOp(str, enum.Enum):
+class StoreOp(enum.StrEnum):
     """The store operations that are timed (the ``op`` label)."""
 
     CLAIM = "claim"

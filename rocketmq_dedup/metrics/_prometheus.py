@@ -38,7 +38,7 @@ class _Histogram:
 
     def family_args(self, bounds: Sequence[float]) -> Tuple[List[Tuple[str, float]], float]:
         cumulative, total = [], 0
-        for bound, n in zip(bounds, self.buckets):
+        for bound, n in zip(bounds, self.buckets, strict=False):
             total += n
             cumulative.append((repr(float(bound)), float(total)))
         cumulative.append(("+Inf", float(self.count)))

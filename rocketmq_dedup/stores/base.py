@@ -267,16 +267,16 @@ class PerElementStore(DedupStore):
     def do_claim_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
     ) -> List[ClaimResult]:
-        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners)]
+        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners, strict=True)]
 
     def do_mark_consumed_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
     ) -> None:
-        for element, owner in zip(elements, owners):
+        for element, owner in zip(elements, owners, strict=True):
             self.do_mark_consumed(element, owner, retention_ms)
 
     def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        return sum(self.do_release(e, o) for e, o in zip(elements, owners))
+        return sum(self.do_release(e, o) for e, o in zip(elements, owners, strict=True))
 
 
 def round_trip(seconds: float) -> str:

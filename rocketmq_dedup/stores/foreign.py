@@ -33,7 +33,9 @@ class ForeignStore(PerElementStore):
     def do_renew_many(
         self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
     ) -> List[bool]:
-        return [bool(self.target.renew(e, o, lease_ms)) for e, o in zip(elements, owners)]
+        return [
+            bool(self.target.renew(e, o, lease_ms)) for e, o in zip(elements, owners, strict=True)
+        ]
 
     def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
         result = tuple(self.target.claim(element, owner, lease_ms))

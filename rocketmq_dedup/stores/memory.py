@@ -94,7 +94,7 @@ class MemoryDedupStore(PerElementStore):
         results = []
         now = self._clock()
         with self._lock:
-            for element, owner in zip(elements, owners):
+            for element, owner in zip(elements, owners, strict=True):
                 record = self._live(element, now)
                 owned = record is not None and record[:2] == (DedupStatus.CONSUMING, owner)
                 if owned:

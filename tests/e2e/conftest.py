@@ -45,7 +45,7 @@ def channels(broker: None, session_id: str) -> Iterator[List[Tuple[str, str]]]:
     topics = [f"E2E-{session_id}-{i}" for i in range(POOL)]
     groups = [f"e2e-{session_id}-{i}" for i in range(POOL)]
     rocketmq_script("both", " ".join(topics), " ".join(groups))
-    yield list(zip(topics, groups))
+    yield list(zip(topics, groups, strict=False))
 
 
 @pytest.fixture

@@ -111,7 +111,7 @@ class Run:
             self.run_id,
         )
         keys = ("biz_key", "msg_id", "attempt", "status", "handled", "pid")
-        return [dict(zip(keys, r)) for r in rows if not r[0].startswith("warmup-")]
+        return [dict(zip(keys, r, strict=False)) for r in rows if not r[0].startswith("warmup-")]
 
     def acked_ids(self) -> set[str]:
         return {d["msg_id"] for d in self.deliveries() if d["status"] == 0}

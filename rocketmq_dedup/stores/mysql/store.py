@@ -546,7 +546,7 @@ class MySQLDedupStore(DedupStore):
         sql = self._sql["release"]
         return sum(
             int(runner.run(sql, (element_digest(e), o), False)) == 1
-            for e, o in zip(elements, owners)
+            for e, o in zip(elements, owners, strict=True)
         )
 
     def do_renew_many(
@@ -564,7 +564,7 @@ class MySQLDedupStore(DedupStore):
         sql = self._sql["renew"]
         return [
             int(runner.run(sql, (lease_ms, element_digest(e), o), False)) > 0
-            for e, o in zip(elements, owners)
+            for e, o in zip(elements, owners, strict=True)
         ]
 
     def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:

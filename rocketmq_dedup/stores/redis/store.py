@@ -307,7 +307,7 @@ class RedisDedupStore(DedupStore):
                     break
                 if attempt == 2 or not self._recover(errors):
                     raise errors[0]
-            for call, reply in zip(calls, replies):
+            for call, reply in zip(calls, replies, strict=True):
                 call.deliver(reply)
         except Exception as exc:
             for request in batch:

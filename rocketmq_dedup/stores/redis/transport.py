@@ -72,7 +72,7 @@ def per_key(request: Request) -> List[Request]:
     """A request split into one request per key (cluster: a script may touch one slot only)."""
     return [
         Request(request.kind, request.millis, [k], [v])
-        for k, v in zip(request.keys, request.values)
+        for k, v in zip(request.keys, request.values, strict=True)
     ]
 
 
@@ -111,7 +111,7 @@ def release_orphans() -> None:
         pool.release(conn)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _needs_command_name(pool_type: Any) -> bool:
     """redis-py < 5.3 requires ``get_connection(command_name)``; later versions deprecate it."""
     try:
