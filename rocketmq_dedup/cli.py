@@ -64,8 +64,29 @@ def cli() -> None:
 # -- store options -------------------------------------------------------------------------------
 
 
-def store_options(function: F) -> F:
-    """--redis/--mysql/--table/--key-prefix, resolved into a ``store`` argument."""
+def _wraps(function: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``functools.wraps`` that gives the wrapper its own copy of the click parameters the
+    wrapped function already has (sharing the list would add the wrapper's options twice)."""
+
+    def decorate(wrapper: Callable[..., Any]) -> Callable[..., Any]:
+        functools.update_wrapper(wrapper, function, updated=())
+        params = list(getattr(function, "__click_params__", []))
+        wrapper.__click_params__ = params  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def store_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """--redis/--mysql/--table/--key-prefix, resolved into the ``store`` argument (checked
+    once: an unreachable store is exit status 2)."""
+
+    @_wraps(function)
+    def with_store(
+        redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str, **kw: Any
+    ) -> Any:
+        return function(store=open_store(redis_url, mysql_url, table, key_prefix), **kw)
+
     options = [
         click.option(
             "--redis",
@@ -86,9 +107,10 @@ def store_options(function: F) -> F:
             "--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True, help="Redis prefix."
         ),
     ]
+    wrapped: Callable[..., Any] = with_store
     for option in reversed(options):
-        function = option(function)
-    return function
+        wrapped = option(wrapped)
+    return wrapped
 
 
 def open_store(
@@ -163,8 +185,14 @@ def mysql_factory(url: str) -> Callable[[], Any]:
     return functools.partial(pymysql.connect, **params)
 
 
-def element_options(function: F) -> F:
-    """--app/--topic/--tag and the KEY argument."""
+def element_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """--app/--topic/--tag and the KEY argument, resolved into the ``element`` argument."""
+
+    @_wraps(function)
+    def with_element(app: str, topic: str, tag: str, key: str, **kw: Any) -> Any:
+        return function(element=DedupElement(app, topic, tag, key), **kw)
+
+    wrapped: Callable[..., Any] = with_element
     for option in reversed(
         [
             click.option("--app", required=True, help="The application name of the config."),
@@ -173,8 +201,8 @@ def element_options(function: F) -> F:
             click.argument("key"),
         ]
     ):
-        function = option(function)
-    return function
+        wrapped = option(wrapped)
+    return wrapped
 
 
 # -- output --------------------------------------------------------------------------------------
@@ -215,9 +243,8 @@ def record_rows(record: RecordInfo) -> List[Tuple[str, str]]:
 
 @cli.command()
 @store_options
-def check(redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str) -> None:
+def check(store: DedupStore) -> None:
     """Check the server, its version and the features used."""
-    store = open_store(redis_url, mysql_url, table, key_prefix)
     click.echo(store.describe())
     results = store.diagnose()
     for result in results:
@@ -227,74 +254,46 @@ def check(redis_url: Optional[str], mysql_url: Optional[str], table: str, key_pr
         raise click.ClickException("some checks failed")
 
 
+def live_record(store: DedupStore, element: DedupElement) -> RecordInfo:
+    record = store.inspect(element)
+    if record is None:
+        raise UsageProblem(f"no live record for key {element.key!r}")
+    return record
+
+
 @cli.command()
 @store_options
 @element_options
-def inspect(
-    redis_url: Optional[str],
-    mysql_url: Optional[str],
-    table: str,
-    key_prefix: str,
-    app: str,
-    topic: str,
-    tag: str,
-    key: str,
-) -> None:
+def inspect(store: DedupStore, element: DedupElement) -> None:
     """Show the record of KEY: status, owner, age, time left."""
-    store = open_store(redis_url, mysql_url, table, key_prefix)
-    record = store.inspect(DedupElement(app, topic, tag, key))
-    if record is None:
-        raise UsageProblem(f"no live record for key {key!r}")
-    print_table(record_rows(record))
+    print_table(record_rows(live_record(store, element)))
 
 
 @cli.command()
 @store_options
 @element_options
 @click.option("--force", is_flag=True, help="Also delete a CONSUMED record (it will run again).")
-def release(
-    redis_url: Optional[str],
-    mysql_url: Optional[str],
-    table: str,
-    key_prefix: str,
-    app: str,
-    topic: str,
-    tag: str,
-    key: str,
-    force: bool,
-) -> None:
+def release(store: DedupStore, element: DedupElement, force: bool) -> None:
     """Remove a stuck CONSUMING claim of KEY.
 
     Its next delivery then runs the handler. A CONSUMED record is left alone unless --force.
     """
-    store = open_store(redis_url, mysql_url, table, key_prefix)
-    element = DedupElement(app, topic, tag, key)
-    record = store.inspect(element)
-    if record is None:
-        raise UsageProblem(f"no live record for key {key!r}")
+    record = live_record(store, element)
     deleted = store.delete(element, force=force)
     if deleted is None:
         raise click.ClickException(
-            f"key {key!r} is {record.status.value if record.status else 'unreadable'}: left as "
-            "it is (--force deletes it, and its next delivery runs the handler again)"
+            f"key {element.key!r} is {record.status.value if record.status else 'unreadable'}: "
+            "left as it is (--force deletes it, and its next delivery runs the handler again)"
         )
-    click.echo(f"deleted the {deleted.value} record of {key!r}")
+    click.echo(f"deleted the {deleted.value} record of {element.key!r}")
 
 
 @cli.command()
 @store_options
 @click.option("--app", required=True, help="The application name of the config.")
 @click.option("--limit", default=10, show_default=True, help="How many claims to list.")
-def stats(
-    redis_url: Optional[str],
-    mysql_url: Optional[str],
-    table: str,
-    key_prefix: str,
-    app: str,
-    limit: int,
-) -> None:
+def stats(store: DedupStore, app: str, limit: int) -> None:
     """Records of an application by status; oldest claims."""
-    store = open_store(redis_url, mysql_url, table, key_prefix)
     result = store.stats(app, limit)
     click.echo(f"{store.describe()}, application {app!r}")
     rows = [(name, f"{count:,}") for name, count in sorted(result.counts.items())]
@@ -318,29 +317,18 @@ def stats(
             )
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         for n, line in enumerate(lines):
-            text = "  ".join(
-                cell.ljust(width) for cell, width in zip(line, widths, strict=True)
-            ).rstrip()
-            click.echo("  " + (click.style(text, bold=True) if n == 0 else text))
+            text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+            click.echo("  " + (click.style(text.rstrip(), bold=True) if n == 0 else text.rstrip()))
 
 
 @cli.command()
 @store_options
 @click.option("--batch-size", default=1000, show_default=True, help="Rows per step.")
 @click.option("--dry-run", is_flag=True, help="Count the expired rows; delete nothing.")
-def purge(
-    redis_url: Optional[str],
-    mysql_url: Optional[str],
-    table: str,
-    key_prefix: str,
-    batch_size: int,
-    dry_run: bool,
-) -> None:
+def purge(store: DedupStore, batch_size: int, dry_run: bool) -> None:
     """Delete expired MySQL rows, with progress."""
-    if redis_url:
+    if not isinstance(store, MySQLDedupStore):
         raise UsageProblem("Redis expires its records by itself: purge is for --mysql")
-    store = open_store(None, mysql_url, table, key_prefix)
-    assert isinstance(store, MySQLDedupStore)
     with click.progressbar(length=0, label="scanning", show_pos=True) as bar:
 
         def progress(scanned: int, expired: int) -> None:

@@ -276,13 +276,7 @@ class DedupStrategy(Strategy):
             delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
             return False
         except Exception:
-            self._log.log(
-                logging.ERROR,
-                "dedup_message_key raised; the message will be consumed later",
-                exc_info=True,
-            )
-            delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
-            return False
+            return self._hook_failed(delivery, "dedup_message_key")
         topic = message_topic(msg)
         if not key:
             self._log.log(
@@ -298,15 +292,18 @@ class DedupStrategy(Strategy):
                 if payload is not None:
                     delivery.fingerprint = payload_fingerprint(payload)
             except Exception:
-                self._log.log(
-                    logging.ERROR,
-                    "payload_fingerprint raised; the message will be consumed later",
-                    exc_info=True,
-                )
-                delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
-                return False
+                return self._hook_failed(delivery, "payload_fingerprint")
         delivery.element = DedupElement(self.config.application_name, topic, message_tag(msg), key)
         return True
+
+    def _hook_failed(self, delivery: _Delivery, hook: str) -> bool:
+        """A listener method that derives the key (or the payload fingerprint) raised: logged,
+        and the message answered RECONSUME_LATER. Returns False (not keyed)."""
+        self._log.log(
+            logging.ERROR, "%s raised; the message will be consumed later", hook, exc_info=True
+        )
+        delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
+        return False
 
     def _claim(self, keyed: List[_Delivery]) -> List[_Delivery]:
         """Claim every keyed delivery in one store call; decide the answer of those not

@@ -29,16 +29,23 @@ HANDLER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 class _Histogram:
     """Bucket counts (not cumulative), sum and count of one label set."""
 
-    __slots__ = ("buckets", "count", "sum")
+    __slots__ = ("bounds", "buckets", "count", "sum")
 
-    def __init__(self, size: int) -> None:
-        self.buckets = [0] * (size + 1)  # the last one is +Inf
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
         self.count = 0
 
-    def family_args(self, bounds: Sequence[float]) -> Tuple[List[Tuple[str, float]], float]:
+    def observe(self, seconds: float) -> None:
+        """Count one observation (the caller holds the lock)."""
+        self.buckets[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+        self.count += 1
+
+    def family_args(self) -> Tuple[List[Tuple[str, float]], float]:
         cumulative, total = [], 0
-        for bound, n in zip(bounds, self.buckets, strict=False):
+        for bound, n in zip(self.bounds, self.buckets, strict=False):
             total += n
             cumulative.append((repr(float(bound)), float(total)))
         cumulative.append(("+Inf", float(self.count)))
@@ -78,19 +85,15 @@ class PrometheusMetrics(DedupMetrics):
             if seconds is not None:
                 histogram = self._handler.get((app, topic))
                 if histogram is None:
-                    histogram = self._handler[app, topic] = _Histogram(len(HANDLER_BUCKETS))
-                histogram.buckets[bisect_left(HANDLER_BUCKETS, seconds)] += 1
-                histogram.sum += seconds
-                histogram.count += 1
+                    histogram = self._handler[app, topic] = _Histogram(HANDLER_BUCKETS)
+                histogram.observe(seconds)
 
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
         with self._lock:
             histogram = self._store.get((application, op))
             if histogram is None:
-                histogram = self._store[application, op] = _Histogram(len(STORE_BUCKETS))
-            histogram.buckets[bisect_left(STORE_BUCKETS, seconds)] += 1
-            histogram.sum += seconds
-            histogram.count += 1
+                histogram = self._store[application, op] = _Histogram(STORE_BUCKETS)
+            histogram.observe(seconds)
 
     def leases(self, application: str, renewed: int, lost: int) -> None:
         with self._lock:
@@ -108,10 +111,8 @@ class PrometheusMetrics(DedupMetrics):
         with self._lock:
             messages = dict(self._messages)
             renewals, lost = dict(self._renewals), dict(self._lost)
-            store = {
-                (a, op.value): h.family_args(STORE_BUCKETS) for (a, op), h in self._store.items()
-            }
-            handler = {k: h.family_args(HANDLER_BUCKETS) for k, h in self._handler.items()}
+            store = {(a, op.value): h.family_args() for (a, op), h in self._store.items()}
+            handler = {k: h.family_args() for k, h in self._handler.items()}
         family = CounterMetricFamily(
             "rocketmq_dedup_messages",
             "Messages by what the dedup listener did with them",

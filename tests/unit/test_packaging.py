@@ -48,27 +48,24 @@ def test_missing_extra_names_the_extra_to_install() -> None:
     assert "pip install 'rocketmq-dedup[redis]'" in result.stdout, result.stderr
 
 
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m rocketmq_dedup ARGS``."""
+    return subprocess.run(
+        [sys.executable, "-m", "rocketmq_dedup", *args], capture_output=True, text=True, timeout=60
+    )
+
+
 def test_cli_prints_the_mysql_schema() -> None:
     """python -m rocketmq_dedup schema mysql prints the DDL the store creates."""
-    result = subprocess.run(
-        [sys.executable, "-m", "rocketmq_dedup", "schema", "mysql", "--table", "my_t"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    result = run_module("schema", "mysql", "--table", "my_t")
+    assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(schema_sql("my_t") + ";")
     assert "CREATE TABLE IF NOT EXISTS `my_t`" in result.stdout
 
 
 def test_cli_rejects_a_bad_table_name() -> None:
     """An invalid table name exits 2 with an error message."""
-    result = subprocess.run(
-        [sys.executable, "-m", "rocketmq_dedup", "schema", "mysql", "--table", "x;y"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_module("schema", "mysql", "--table", "x;y")
     assert result.returncode == 2
     assert "invalid table_name" in result.stderr
 
