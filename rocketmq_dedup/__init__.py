@@ -13,6 +13,7 @@ from rocketmq_dedup.errors import (
     MissingExtraError,
     StoreError,
     StoreUnavailableError,
+    TransactionMisuseError,
 )
 from rocketmq_dedup.listener import DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
@@ -25,7 +26,7 @@ from rocketmq_dedup.stores import (
     RedisDedupStore,
 )
 from rocketmq_dedup.strategy import BatchResult
-from rocketmq_dedup.transactional import TransactionalDedupListener, TransactionMisuseError
+from rocketmq_dedup.transactional import TransactionalDedupListener
 
 __version__ = "0.1.0"
 

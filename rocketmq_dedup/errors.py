@@ -27,6 +27,12 @@ class StoreUnavailableError(StoreError):
     config's ``store_failure_policy``."""
 
 
+class TransactionMisuseError(DedupError):
+    """An exactly-once handler tried to end or reconfigure the transaction it was given
+    (``commit()``, ``rollback()``, ``close()``, autocommit), or the connection is in autocommit
+    mode. The listener rolls the transaction back and answers RECONSUME_LATER."""
+
+
 class MissingExtraError(DedupError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

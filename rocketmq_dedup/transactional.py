@@ -58,13 +58,18 @@ import time
 from typing import Any, Callable, Iterable, List, Optional, Set, Tuple, Union, cast
 
 from rocketmq_dedup.config import DedupConfig
-from rocketmq_dedup.errors import DedupConfigError, StoreError, StoreUnavailableError
+from rocketmq_dedup.errors import (
+    DedupConfigError,
+    StoreError,
+    StoreUnavailableError,
+    TransactionMisuseError,
+)
 from rocketmq_dedup.listener import DedupConcurrentListener
 from rocketmq_dedup.metrics import Outcome
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
 from rocketmq_dedup.stores.base import ClaimResult
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from rocketmq_dedup.stores.mysql.transaction import Transaction, TransactionMisuseError
+from rocketmq_dedup.stores.mysql.transaction import Transaction
 from rocketmq_dedup.strategy import (
     LATER,
     SUCCESS,

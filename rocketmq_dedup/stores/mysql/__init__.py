@@ -61,11 +61,7 @@ from rocketmq_dedup.stores.mysql.store import (
     MySQLDedupStore,
     describe_factory,
 )
-from rocketmq_dedup.stores.mysql.transaction import (
-    HandlerConnection,
-    Transaction,
-    TransactionMisuseError,
-)
+from rocketmq_dedup.stores.mysql.transaction import HandlerConnection, Transaction
 
 __all__ = [
     "CLAIM_SQL",
@@ -86,7 +82,6 @@ __all__ = [
     "HandlerConnection",
     "MySQLDedupStore",
     "Transaction",
-    "TransactionMisuseError",
     "all_schema_sql",
     "describe_factory",
     "is_connection_error",

@@ -32,7 +32,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
-from rocketmq_dedup.errors import DedupError
+from rocketmq_dedup.errors import TransactionMisuseError
 from rocketmq_dedup.message import DedupElement, element_digest, encode_text
 from rocketmq_dedup.stores.mysql.pool import Runner
 from rocketmq_dedup.stores.mysql.sql import DUPLICATE_ENTRY
@@ -41,12 +41,6 @@ if TYPE_CHECKING:
     from rocketmq_dedup.stores.mysql.store import MySQLDedupStore
 
 logger = logging.getLogger(__name__)
-
-
-class TransactionMisuseError(DedupError):
-    """The handler tried to end or reconfigure the transaction it was given (``commit()``,
-    ``rollback()``, ``close()``, autocommit), or the connection is in autocommit mode. The
-    listener rolls the transaction back and answers RECONSUME_LATER."""
 
 
 #: Calls on the handler's DB-API connection that are refused: each would end the message's

@@ -20,8 +20,7 @@ import pytest
 
 from rocketmq_dedup import ConsumeStatus, DedupStatus
 from rocketmq_dedup.message import DedupElement
-from tests.support import ClassicMessage, wait_for
-from tests.test_exactly_once_support import (
+from tests.integration.exactly_once_support import (
     DRIVERS,
     EffectListener,
     EffectTable,
@@ -31,12 +30,13 @@ from tests.test_exactly_once_support import (
     sql,
     unique,
 )
+from tests.support import ClassicMessage, wait_for
 
 pytestmark = pytest.mark.mysql
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +187,7 @@ _CHILD = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from rocketmq_dedup import DedupConfig, TransactionalDedupListener
     from tests.support import ClassicMessage
-    from tests.test_exactly_once_support import execute, make_client
+    from tests.integration.exactly_once_support import execute, make_client
 
     driver, table, app, effects, msg_id = sys.argv[1:]
     config = DedupConfig.enable_dedup_consume_config(

@@ -14,8 +14,7 @@ import pytest
 from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupConfigError, DedupStatus
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from tests.support import ClassicMessage, mysql_connect
-from tests.test_exactly_once_support import (
+from tests.integration.exactly_once_support import (
     DRIVERS,
     EffectTable,
     SequencedListener,
@@ -25,6 +24,7 @@ from tests.test_exactly_once_support import (
     sql,
     unique,
 )
+from tests.support import ClassicMessage, mysql_connect
 
 pytestmark = pytest.mark.mysql
 
