@@ -46,6 +46,7 @@ KeyFunction = Callable[[Any], Any]
 Handler = Callable[[Any], Any]
 DuplicateHook = Callable[[Any, DedupStatus], None]
 T = TypeVar("T")
+_new_tuple = tuple.__new__
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -496,8 +497,12 @@ class DedupStrategy(Strategy):
             msg, element = delivery.msg, delivery.element
             topic = element.topic if element is not None else message_topic(msg)
             try:
+                # tuple.__new__: a NamedTuple's own __new__ costs 0.2 us, a fifth of the budget
                 metrics.message(
-                    Decision(app, topic, delivery.outcome, msg, started, delivery.handler_seconds)
+                    _new_tuple(
+                        Decision,
+                        (app, topic, delivery.outcome, msg, started, delivery.handler_seconds),
+                    )
                 )
             except Exception:
                 self._metrics_failed()

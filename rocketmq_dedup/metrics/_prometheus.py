@@ -1,16 +1,18 @@
 """Prometheus metrics (the ``[prometheus]`` extra: prometheus_client).
 
-The hot path counts into plain dicts under one lock per call, and a prometheus_client custom
-collector turns them into metric families when the registry is scraped: a labelled
-``Counter``/``Histogram`` costs several lock round trips per observation (one per value and
-bucket), which measured at 5 us per message, most of the listener's own cost on a fast store.
+The hot path appends an event to a deque (atomic, no lock); events are folded into plain dicts
+in batches, and a prometheus_client custom collector turns those into metric families when the
+registry is scraped. A labelled ``Counter``/``Histogram`` costs several lock round trips per
+observation (one per value and bucket): measured at 5 us per message, most of the listener's
+own cost on a fast store.
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import MissingExtraError
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
@@ -52,6 +54,20 @@ class _Histogram:
         return cumulative, self.sum
 
 
+#: Pending events that make a consumer thread fold them into the totals.
+FOLD_AT = 4096
+_MESSAGE, _STORE = "message", "store"
+
+
+def _histogram(
+    histograms: Dict[Tuple[str, Any], _Histogram], key: Tuple[str, Any], bounds: Sequence[float]
+) -> _Histogram:
+    histogram = histograms.get(key)
+    if histogram is None:
+        histogram = histograms[key] = _Histogram(bounds)
+    return histogram
+
+
 class PrometheusMetrics(DedupMetrics):
     """Counters and histograms in a prometheus_client registry (the default one if None).
 
@@ -66,7 +82,8 @@ class PrometheusMetrics(DedupMetrics):
     """
 
     def __init__(self, registry: Optional[Any] = None) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while folding events into the totals
+        self._events: Deque[Tuple[Any, ...]] = deque()
         self._messages: Dict[Tuple[str, str, Any], int] = {}
         self._renewals: Dict[str, int] = {}
         self._lost: Dict[str, int] = {}
@@ -76,24 +93,37 @@ class PrometheusMetrics(DedupMetrics):
         target.register(self)
 
     # -- DedupMetrics --------------------------------------------------------------------
+    # A consumer thread only appends an event (deque.append is atomic); events are folded into
+    # the totals in batches, under the lock, when a message finds FOLD_AT of them pending, and
+    # at each scrape. (Store operations come with messages, so messages bound the backlog.)
 
     def message(self, decision: Decision) -> None:
-        app, topic, outcome, _, _, seconds = decision
-        key = (app, topic, outcome)
-        with self._lock:
-            self._messages[key] = self._messages.get(key, 0) + 1
-            if seconds is not None:
-                histogram = self._handler.get((app, topic))
-                if histogram is None:
-                    histogram = self._handler[app, topic] = _Histogram(HANDLER_BUCKETS)
-                histogram.observe(seconds)
+        events = self._events
+        events.append((_MESSAGE, decision))
+        if len(events) >= FOLD_AT:
+            self._fold()
 
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
+        self._events.append((_STORE, application, op, seconds))  # folded with the next message
+
+    def _fold(self) -> None:
+        """Move the pending events into the totals."""
+        events, messages = self._events, self._messages
         with self._lock:
-            histogram = self._store.get((application, op))
-            if histogram is None:
-                histogram = self._store[application, op] = _Histogram(STORE_BUCKETS)
-            histogram.observe(seconds)
+            while events:
+                try:
+                    event = events.popleft()
+                except IndexError:  # taken by a concurrent fold
+                    break
+                if event[0] is _MESSAGE:
+                    app, topic, outcome, _, _, seconds = event[1]
+                    key = (app, topic, outcome)
+                    messages[key] = messages.get(key, 0) + 1
+                    if seconds is not None:
+                        _histogram(self._handler, (app, topic), HANDLER_BUCKETS).observe(seconds)
+                else:
+                    _, app, op, seconds = event
+                    _histogram(self._store, (app, op), STORE_BUCKETS).observe(seconds)
 
     def leases(self, application: str, renewed: int, lost: int) -> None:
         with self._lock:
@@ -108,6 +138,7 @@ class PrometheusMetrics(DedupMetrics):
 
     def collect(self) -> Iterator[Any]:
         """The metric families, for a scrape."""
+        self._fold()
         with self._lock:
             messages = dict(self._messages)
             renewals, lost = dict(self._renewals), dict(self._lost)

@@ -258,11 +258,27 @@ def test_opentelemetry_metrics_and_spans(app_name: str) -> None:
 
 
 def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without metrics the listener reads no clock for them and builds no decision."""
+    """Without metrics the listener reads no clock for them; with metrics it does (so the
+    check can fail)."""
     import rocketmq_dedup.strategy as strategy
 
-    built: List[Any] = []
-    monkeypatch.setattr(strategy, "Decision", lambda *a: built.append(a))
+    reads: List[str] = []
+
+    class Clock:
+        def time_ns(self) -> int:
+            reads.append("time_ns")
+            return 0
+
+        def perf_counter(self) -> float:
+            reads.append("perf_counter")
+            return 0.0
+
+    monkeypatch.setattr(strategy, "time", Clock())
     listener = Listener(DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore()))
     assert listener(ClassicMessage("m1")) is SUCCESS
-    assert built == []
+    assert reads == []
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, MemoryDedupStore(), metrics=Recorder()
+    )
+    assert Listener(config)(ClassicMessage("m2")) is SUCCESS
+    assert "time_ns" in reads and "perf_counter" in reads
