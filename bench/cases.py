@@ -23,9 +23,11 @@ from bench.settings import (
     NAIVE_TABLE,
     POWERTOOLS_KEY_PREFIX,
     RESERVE_MINUTES,
+    TX_ACCOUNT_TABLE,
+    TX_LEDGER_TABLE,
     Servers,
 )
-from rocketmq_dedup import DedupConcurrentListener, DedupConfig
+from rocketmq_dedup import DedupConcurrentListener, DedupConfig, TransactionalDedupListener
 from rocketmq_dedup.status import ConsumeStatus
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
@@ -516,6 +518,177 @@ class MySQLNaiveFresh(MySQLCase):
         self.naive.conn.close()
 
 
+# -- MySQL, exactly-once: the same business transaction with and without the dedup record --
+
+TX_ACCOUNTS = 16  # account rows per case, updated round-robin
+
+TX_ACCOUNT_SCHEMA = f"""CREATE TABLE `{TX_ACCOUNT_TABLE}` (
+  application_name VARCHAR(191) NOT NULL,
+  id               INT          NOT NULL,
+  balance          BIGINT       NOT NULL DEFAULT 0,
+  PRIMARY KEY (application_name, id)
+) ENGINE=InnoDB"""
+
+TX_LEDGER_SCHEMA = f"""CREATE TABLE `{TX_LEDGER_TABLE}` (
+  id               BIGINT AUTO_INCREMENT PRIMARY KEY,
+  application_name VARCHAR(191) NOT NULL,
+  account          INT          NOT NULL,
+  msg_id           VARCHAR(128) NOT NULL,
+  amount           INT          NOT NULL,
+  KEY (application_name)
+) ENGINE=InnoDB"""
+
+
+class BusinessTransaction:
+    """The business writes of one message: ``statements`` statements, alternately an UPDATE
+    of an account row and an INSERT into the ledger (2: one of each), on a DB-API
+    connection whose transaction is open. The caller commits."""
+
+    def __init__(self, app: str, statements: int) -> None:
+        self.app = app
+        self.statements = statements
+        self.update = (
+            f"UPDATE `{TX_ACCOUNT_TABLE}` SET balance = balance + %s "
+            "WHERE application_name = %s AND id = %s"
+        )
+        self.insert = (
+            f"INSERT INTO `{TX_LEDGER_TABLE}` (application_name, account, msg_id, amount) "
+            "VALUES (%s, %s, %s, %s)"
+        )
+        self.sequence = 0
+
+    def __call__(self, conn: Any, msg: Any) -> None:
+        self.sequence += 1
+        account = self.sequence % TX_ACCOUNTS
+        cur = conn.cursor()
+        try:
+            for i in range(self.statements):
+                if i % 2 == 0:
+                    cur.execute(self.update, (1, self.app, account))
+                    if cur.rowcount != 1:
+                        raise BenchError(f"account {account} of {self.app} is missing")
+                else:
+                    cur.execute(self.insert, (self.app, account, msg.id, 1))
+        finally:
+            cur.close()
+
+
+class MySQLTxCase(MySQLCase):
+    """A business transaction per message (``statements`` statements, see
+    :class:`BusinessTransaction`) on the bench's MariaDB; ``cleanup`` deletes this case's
+    ledger rows (and dedup records). Single-threaded, fresh messages."""
+
+    table = TX_LEDGER_TABLE
+    statements: ClassVar[int] = 2
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(TX_LEDGER_SCHEMA)
+        if TX_ACCOUNT_TABLE not in self.ctx.tables_made:
+            self.sql(f"DROP TABLE IF EXISTS `{TX_ACCOUNT_TABLE}`")
+            self.sql(TX_ACCOUNT_SCHEMA)
+            self.ctx.tables_made.add(TX_ACCOUNT_TABLE)
+        self.sql(f"DELETE FROM `{TX_ACCOUNT_TABLE}` WHERE application_name = %s", (self.app,))
+        values = ", ".join(["(%s, %s, 0)"] * TX_ACCOUNTS)
+        params = tuple(v for i in range(TX_ACCOUNTS) for v in (self.app, i))
+        self.sql(
+            f"INSERT INTO `{TX_ACCOUNT_TABLE}` (application_name, id, balance) VALUES {values}",
+            params,
+        )
+        self.business = BusinessTransaction(self.app, self.statements)
+
+    def close(self) -> None:
+        self.sql(f"DELETE FROM `{TX_ACCOUNT_TABLE}` WHERE application_name = %s", (self.app,))
+        super().close()
+
+
+class MySQLTxPlain(MySQLTxCase):
+    """The business transaction without dedup: the case opens it on its own connection
+    (autocommit off, as the library's transaction connections), writes, COMMITs."""
+
+    name = "mysql_tx_plain"
+
+    def setup(self) -> None:
+        super().setup()
+        self.conn = self.connect()
+        self.conn.autocommit(False)
+
+    def consume(self, item: Any) -> Any:
+        try:
+            self.handler(item)
+            self.business(self.conn, item)
+            self.conn.commit()
+        except BaseException:
+            self.conn.rollback()
+            raise
+        return OK
+
+    def close(self) -> None:
+        super().close()
+        self.conn.close()
+
+
+class BenchTxListener(TransactionalDedupListener):
+    """The exactly-once listener, as a user writes it: the business transaction on ``conn``."""
+
+    def __init__(self, config: DedupConfig, handler: Callable[[Any], bool], business: Any) -> None:
+        super().__init__(config)
+        self.handler = handler
+        self.business = business
+
+    def do_handle_msg(self, msg: Any, conn: Any) -> bool:
+        self.handler(msg)
+        self.business(conn, msg)
+        return True
+
+
+class MySQLTxDedup(MySQLTxCase):
+    """The same business transaction through :class:`TransactionalDedupListener`: its claim,
+    the writes through ``conn``, the fenced CONSUMED write, COMMIT (the library's table)."""
+
+    name = "mysql_tx_dedup"
+
+    def setup(self) -> None:
+        super().setup()
+        if LIBRARY_TABLE not in self.ctx.tables_made:
+            self.sql(f"DROP TABLE IF EXISTS `{LIBRARY_TABLE}`")
+            self.sql(schema_sql(LIBRARY_TABLE))
+            self.ctx.tables_made.add(LIBRARY_TABLE)
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
+        )
+        self.listener = BenchTxListener(config, self.handler, self.business)
+
+    def consume(self, item: Any) -> Any:
+        return self.listener(item)
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.sql(f"DELETE FROM `{LIBRARY_TABLE}` WHERE application_name = %s", (self.app,))
+
+    def close(self) -> None:
+        super().close()
+        assert self.listener.dedup_config is not None
+        assert self.listener.dedup_config.persist is not None
+        self.listener.dedup_config.persist.close()
+
+
+class MySQLTx12Plain(MySQLTxPlain):
+    """``mysql_tx_plain`` with a 12-statement business transaction (6 UPDATEs, 6 INSERTs)."""
+
+    name = "mysql_tx12_plain"
+    statements = 12
+    in_quick = False
+
+
+class MySQLTx12Dedup(MySQLTxDedup):
+    """``mysql_tx_dedup`` with a 12-statement business transaction (6 UPDATEs, 6 INSERTs)."""
+
+    name = "mysql_tx12_dedup"
+    statements = 12
+    in_quick = False
+
+
 IN_PROCESS_CASES: tuple[type[Case], ...] = (
     Noop,
     MemoryFresh,
@@ -533,4 +706,8 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     MySQLFresh,
     MySQLDup,
     MySQLNaiveFresh,
+    MySQLTxPlain,
+    MySQLTxDedup,
+    MySQLTx12Plain,
+    MySQLTx12Dedup,
 )

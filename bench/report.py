@@ -47,6 +47,8 @@ TARGETS: tuple[Target, ...] = (
     Target("memory_fresh", None, 60_000.0),
     Target("memory_prometheus_fresh", "memory_fresh", 0.8),
     Target("mysql_fresh", "mysql_naive_fresh", 0.9),
+    Target("mysql_tx_dedup", "mysql_tx_plain", 0.85),
+    Target("mysql_tx12_dedup", "mysql_tx12_plain", None),
     Target("e2e_redis", "e2e_nodedup", 0.8),
 )
 

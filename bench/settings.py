@@ -18,6 +18,10 @@ BENCH_KEY_PATTERNS = (f"{LIBRARY_KEY_PREFIX}*",)  # the other two prefixes start
 #: Bench-only MySQL tables (the library's schema, and the Java original's for the baseline).
 LIBRARY_TABLE = "t_rocketmq_dedup_bench"
 NAIVE_TABLE = "t_rocketmq_dedup_bench_naive"
+#: The business tables of the exactly-once cases (mysql_tx_*): accounts updated and a ledger
+#: appended to by one business transaction per message.
+TX_ACCOUNT_TABLE = "t_rocketmq_dedup_bench_account"
+TX_LEDGER_TABLE = "t_rocketmq_dedup_bench_ledger"
 
 TOPIC = "DEDUP-BENCH"
 TAG = "TagBench"

@@ -15,7 +15,7 @@ from rocketmq_dedup.errors import (
     StoreUnavailableError,
     TransactionMisuseError,
 )
-from rocketmq_dedup.listener import DedupConcurrentListener
+from rocketmq_dedup.listener import BaseDedupListener, DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, StoreFailurePolicy
 from rocketmq_dedup.stores import (
@@ -31,6 +31,7 @@ from rocketmq_dedup.transactional import TransactionalDedupListener
 __version__ = "0.1.0"
 
 __all__ = [
+    "BaseDedupListener",
     "BatchResult",
     "ClaimResult",
     "ConsumeStatus",

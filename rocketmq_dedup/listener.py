@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import logging
 import threading
-from typing import Any, Iterable, List, Optional, TypeVar
+from typing import Any, Callable, Iterable, List, Optional, TypeVar
 
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.message import message_id
@@ -20,11 +20,13 @@ from rocketmq_dedup.strategy import (
 
 logger = logging.getLogger(__name__)
 
-L = TypeVar("L", bound="DedupConcurrentListener")
+L = TypeVar("L", bound="BaseDedupListener")
 
 
-class DedupConcurrentListener(abc.ABC):
-    """A message listener that runs :meth:`do_handle_msg` at most once per dedup key.
+class BaseDedupListener(abc.ABC):
+    """What every dedup listener shares: the entry points, the key, the hooks, the lifecycle.
+    Subclass :class:`DedupConcurrentListener` (``do_handle_msg(msg)``) or
+    :class:`~rocketmq_dedup.TransactionalDedupListener` (``do_handle_msg(msg, conn)``).
 
     ``listener(msg)`` is the callback for the classic client's
     ``PushConsumer.subscribe(topic, listener)``; it returns a :class:`ConsumeStatus` and never
@@ -34,14 +36,15 @@ class DedupConcurrentListener(abc.ABC):
     :param dedup_config: where and how to dedup; None disables dedup (as in the Java original).
     """
 
+    #: The business logic; each kind of listener declares its own signature.
+    do_handle_msg: Callable[..., Any]
+
     def __init__(self, dedup_config: Optional[DedupConfig] = None) -> None:
         self.dedup_config = dedup_config
         hook = self.on_duplicate
-        overridden = type(self).on_duplicate is not DedupConcurrentListener.on_duplicate
+        overridden = type(self).on_duplicate is not BaseDedupListener.on_duplicate
         self._strategy = self._make_strategy(dedup_config, hook if overridden else None)
-        fingerprints = (
-            type(self).payload_fingerprint is not DedupConcurrentListener.payload_fingerprint
-        )
+        fingerprints = type(self).payload_fingerprint is not BaseDedupListener.payload_fingerprint
         if fingerprints and isinstance(self._strategy, DedupStrategy):
             self._strategy.payload_fingerprint = self.payload_fingerprint
         if dedup_config is None:
@@ -53,16 +56,6 @@ class DedupConcurrentListener(abc.ABC):
         """The strategy the entry points run (a hook for listeners with another mode, e.g.
         :class:`~rocketmq_dedup.transactional.TransactionalDedupListener`)."""
         return make_strategy(dedup_config, on_duplicate)
-
-    @abc.abstractmethod
-    def do_handle_msg(self, msg: Any) -> Any:
-        """The business logic. Receives the client's own message object.
-
-        Return ``True`` (or a client's success value: ``ConsumeStatus.CONSUME_SUCCESS``,
-        5.x ``ConsumeResult.SUCCESS``) when the message is handled. Return ``False``, ``None``
-        (or ``ConsumeStatus.RECONSUME_LATER`` / ``ConsumeResult.FAILURE``) or raise to have the
-        broker redeliver it later. Any other value is logged as an error and retried.
-        """
 
     def dedup_message_key(self, msg: Any) -> Any:
         """The dedup key of ``msg``: the ``UNIQ_KEY`` property, else the message id.
@@ -147,6 +140,21 @@ class DedupConcurrentListener(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class DedupConcurrentListener(BaseDedupListener):
+    """A message listener that runs :meth:`do_handle_msg` at most once per dedup key (the Java
+    original's name). Entry points, key and hooks: :class:`BaseDedupListener`."""
+
+    @abc.abstractmethod
+    def do_handle_msg(self, msg: Any) -> Any:
+        """The business logic. Receives the client's own message object.
+
+        Return ``True`` (or a client's success value: ``ConsumeStatus.CONSUME_SUCCESS``,
+        5.x ``ConsumeResult.SUCCESS``) when the message is handled. Return ``False``, ``None``
+        (or ``ConsumeStatus.RECONSUME_LATER`` / ``ConsumeResult.FAILURE``) or raise to have the
+        broker redeliver it later. Any other value is logged as an error and retried.
+        """
 
 
 def _contain(exc: BaseException, what: str) -> None:

@@ -64,7 +64,7 @@ from rocketmq_dedup.errors import (
     StoreUnavailableError,
     TransactionMisuseError,
 )
-from rocketmq_dedup.listener import DedupConcurrentListener
+from rocketmq_dedup.listener import BaseDedupListener
 from rocketmq_dedup.metrics import Outcome
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
 from rocketmq_dedup.stores.base import ClaimResult
@@ -428,7 +428,7 @@ def _sequence_problem(raw: Any) -> Optional[str]:
     return None
 
 
-class TransactionalDedupListener(DedupConcurrentListener):
+class TransactionalDedupListener(BaseDedupListener):
     """A listener whose handler's database writes and dedup record commit together (see the
     module docstring for what it guarantees and what it cannot).
 
@@ -474,9 +474,8 @@ class TransactionalDedupListener(DedupConcurrentListener):
         sequence = self.sequence_key if self._has_sequence_key() else None
         return TransactionalStrategy(dedup_config, sequence, on_duplicate)
 
-    # The handler takes the connection too: a different signature from the plain listener's.
     @abc.abstractmethod
-    def do_handle_msg(self, msg: Any, conn: Any) -> Any:  # type: ignore[override]
+    def do_handle_msg(self, msg: Any, conn: Any) -> Any:
         """The business logic, inside the message's transaction.
 
         ``conn`` is the transaction's connection: a DB-API connection (``conn.cursor()``) on

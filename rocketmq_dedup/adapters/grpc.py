@@ -1,7 +1,8 @@
 """Adapters for the 5.x gRPC client ``rocketmq-python-client`` (the ``[rocketmq5]`` extra).
 
-* :func:`message_listener` wraps a :class:`~rocketmq_dedup.DedupConcurrentListener` as the
-  client's ``MessageListener`` for ``PushConsumer`` (SUCCESS / FAILURE).
+* :func:`message_listener` wraps a dedup listener (any
+  :class:`~rocketmq_dedup.BaseDedupListener`) as the client's ``MessageListener`` for
+  ``PushConsumer`` (SUCCESS / FAILURE).
 * :func:`consume_simple` runs one receive-dedup-ack round on a ``SimpleConsumer``.
 """
 
@@ -11,7 +12,7 @@ import logging
 from typing import Any, List, NamedTuple
 
 from rocketmq_dedup.errors import MissingExtraError
-from rocketmq_dedup.listener import DedupConcurrentListener
+from rocketmq_dedup.listener import BaseDedupListener
 from rocketmq_dedup.status import ConsumeStatus
 
 logger = logging.getLogger(__name__)
@@ -27,14 +28,14 @@ def _client_module() -> Any:
     return rocketmq
 
 
-def message_listener(listener: DedupConcurrentListener) -> Any:
+def message_listener(listener: BaseDedupListener) -> Any:
     """A ``rocketmq.MessageListener`` that consumes through ``listener``: CONSUME_SUCCESS ->
     ``ConsumeResult.SUCCESS``, RECONSUME_LATER -> ``ConsumeResult.FAILURE`` (the broker
     redelivers after the group's retry backoff)."""
     rocketmq = _client_module()
 
     class DedupMessageListener(rocketmq.MessageListener):  # type: ignore[misc,name-defined]
-        """Consumes 5.x messages through a DedupConcurrentListener."""
+        """Consumes 5.x messages through a dedup listener."""
 
         def __init__(self) -> None:
             self.listener = listener
@@ -59,7 +60,7 @@ class SimpleRound(NamedTuple):
 
 def consume_simple(
     consumer: Any,
-    listener: DedupConcurrentListener,
+    listener: BaseDedupListener,
     max_message_num: int = 16,
     invisible_duration: int = 30,
 ) -> SimpleRound:

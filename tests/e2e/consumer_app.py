@@ -14,11 +14,16 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import redis
 
-from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    TransactionalDedupListener,
+)
 from rocketmq_dedup.message import get_property, message_id, reconsume_times
 from tests.e2e.clients import start_push_consumer
 from tests.support import REDIS_URL, mysql_connect
@@ -35,7 +40,23 @@ SCHEMA = [
       id BIGINT AUTO_INCREMENT PRIMARY KEY, run_id VARCHAR(64) NOT NULL,
       biz_key VARCHAR(128) NOT NULL, phase VARCHAR(16) NOT NULL, pid INT NOT NULL,
       KEY (run_id))""",
+    # the exactly-once mode's business tables (tests/e2e/test_e2e_exactly_once.py): written
+    # only through the transaction's connection, so a row exists only if its message committed
+    """CREATE TABLE IF NOT EXISTS e2e_eo_effects (
+      id BIGINT AUTO_INCREMENT PRIMARY KEY, run_id VARCHAR(64) NOT NULL,
+      biz_key VARCHAR(128) NOT NULL, pid INT NOT NULL, KEY (run_id)) ENGINE=InnoDB""",
+    """CREATE TABLE IF NOT EXISTS e2e_eo_orders (
+      run_id VARCHAR(64) NOT NULL, order_id VARCHAR(64) NOT NULL, status VARCHAR(16) NOT NULL,
+      created_times INT NOT NULL DEFAULT 0, paid_times INT NOT NULL DEFAULT 0,
+      shipped_times INT NOT NULL DEFAULT 0, PRIMARY KEY (run_id, order_id)) ENGINE=InnoDB""",
 ]
+
+#: Order steps of the exactly-once e2e flow: step -> (status it sets, column counting it).
+ORDER_STEPS = {
+    1: ("created", "created_times"),
+    2: ("paid", "paid_times"),
+    3: ("shipped", "shipped_times"),
+}
 
 
 class Recorder:
@@ -114,6 +135,74 @@ class E2EListener(DedupConcurrentListener):
         return status
 
 
+class E2EExactlyOnceListener(TransactionalDedupListener):
+    """The exactly-once listener (settings ``"mode": "exactly_once"``, MySQL store): dedups
+    on ``biz_key``; its handler writes one ``e2e_eo_effects`` row through ``conn``, and with
+    ``"sequence": true`` applies the order step of a key ``<order>:<step>`` (sequence key
+    ``(order, step)``) to ``e2e_eo_orders``. A key listed in ``"block"`` waits inside the
+    transaction, after its writes, for as long as the file ``"gate"`` exists (the test
+    SIGKILLs the process there); the wait is announced as the effect phase ``blocked``."""
+
+    def __init__(self, config: DedupConfig, settings: Dict[str, Any], recorder: Recorder) -> None:
+        super().__init__(config)
+        self.settings = settings
+        self.recorder = recorder
+        self._handled = threading.local()
+
+    def dedup_message_key(self, msg: Any) -> Optional[str]:
+        return get_property(msg, BIZ_KEY)
+
+    def sequence_key(self, msg: Any) -> Optional[Tuple[str, int]]:
+        key = get_property(msg, BIZ_KEY) or ""
+        if not self.settings.get("sequence") or ":" not in key:
+            return None  # warm-up messages
+        order_id, step = key.rsplit(":", 1)
+        return order_id, int(step)
+
+    def do_handle_msg(self, msg: Any, conn: Any) -> bool:
+        self._handled.value = True
+        key = get_property(msg, BIZ_KEY) or ""
+        run_id = self.settings["run_id"]
+        self.recorder.effect(key, "start")  # autocommit, outside the transaction
+        cur = conn.cursor()
+        cur.execute(
+            "INSERT INTO e2e_eo_effects (run_id, biz_key, pid) VALUES (%s, %s, %s)",
+            (run_id, key, os.getpid()),
+        )
+        sequence = self.sequence_key(msg)
+        if sequence is not None:
+            order_id, step = sequence
+            status, counter = ORDER_STEPS[step]
+            if step == 1:
+                cur.execute(
+                    "INSERT INTO e2e_eo_orders (run_id, order_id, status, created_times) "
+                    "VALUES (%s, %s, %s, 1)",
+                    (run_id, order_id, status),
+                )
+            else:
+                cur.execute(
+                    f"UPDATE e2e_eo_orders SET status = %s, {counter} = {counter} + 1 "
+                    "WHERE run_id = %s AND order_id = %s",
+                    (status, run_id, order_id),
+                )
+                if cur.rowcount != 1:  # cannot happen in strict mode
+                    return False
+        if key in self.settings.get("block", ()):
+            self.recorder.effect(key, "blocked")
+            deadline = time.monotonic() + 120
+            while os.path.exists(self.settings["gate"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        time.sleep(self.settings["handler_ms"] / 1000)
+        return True
+
+    def __call__(self, msg: Any) -> ConsumeStatus:
+        self._handled.value = False
+        status = super().__call__(msg)
+        key = get_property(msg, BIZ_KEY) or ""
+        self.recorder.delivery(key, msg, status, self._handled.value)
+        return status
+
+
 def main() -> None:
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(message)s")
@@ -121,13 +210,23 @@ def main() -> None:
         client: Any = redis.Redis.from_url(REDIS_URL)
     else:
         client = mysql_connect()
+    exactly_once = settings.get("mode") == "exactly_once"
     config = DedupConfig.enable_dedup_consume_config(
         settings["app"],
         client,
         dedup_processing_expire_milli_seconds=settings.get("lease_ms", 60_000),
         **({"table_name": settings["table"]} if settings["store"] == "mysql" else {}),
+        **(
+            {"pool_size": settings["threads"] + 4, "sequence_mode": "strict"}
+            if exactly_once
+            else {}
+        ),
     )
-    listener = E2EListener(config, settings, Recorder(settings["run_id"]))
+    listener: Any
+    if exactly_once:
+        listener = E2EExactlyOnceListener(config, settings, Recorder(settings["run_id"]))
+    else:
+        listener = E2EListener(config, settings, Recorder(settings["run_id"]))
     stop = start_push_consumer(
         settings["client"],
         settings["group"],
