@@ -2,20 +2,34 @@
 
 Supported message shapes:
 
-* classic ``rocketmq-client-python`` (``RecvMessage`` / ``ReceivedMessage``): ``topic``,
-  ``tags``, ``keys``, ``id``, ``body``, ``reconsume_times``, ``get_property(name)``; values
-  may be ``str`` or ``bytes`` (``b''`` when a property is missing).
-* 5.x ``rocketmq-python-client`` (``Message``): ``topic``, ``tag``, ``keys``, ``message_id``,
-  ``body``, ``delivery_attempt``, ``properties`` (a dict).
+* classic ``rocketmq-client-python`` (0.5.0rc2 ``RecvMessage``, 2.x ``ReceivedMessage``):
+  ``topic``, ``tags``, ``keys`` (one string, keys separated by spaces), ``id``, ``body``,
+  ``reconsume_times``, ``get_property(name)``; values may be ``str`` or ``bytes`` (``b''`` when
+  a property is missing).
+* 5.x ``rocketmq-python-client`` (``Message``): ``topic``, ``tag``, ``keys`` (a set),
+  ``message_id``, ``body``, ``delivery_attempt``, ``properties`` (a dict).
+
+One view of both, so one listener serves either client unchanged:
+
+* :func:`message_topic`: the topic (``str``);
+* :func:`message_tag`: the tag, ``""`` when none;
+* :func:`message_keys`: the keys, a ``List[str]`` (classic: split on spaces; 5.x: sorted);
+* :func:`message_id`: the unique id, ``UNIQ_KEY`` else the client's message id;
+* :func:`message_body`: the body as ``bytes`` (``b""`` when none);
+* :func:`message_properties`: the user properties, ``Dict[str, str]``;
+* :func:`get_property`: one property, ``None`` when absent;
+* :func:`reconsume_times`: how many times the broker redelivered it (0 the first time).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Union
 
 UNIQ_KEY_PROPERTY = "UNIQ_KEY"
+#: What separates the keys of a classic message (RocketMQ's ``MessageConst.KEY_SEPARATOR``).
+KEY_SEPARATOR = " "
 
 Text = Union[str, bytes]
 
@@ -69,6 +83,60 @@ def message_id(msg: Any) -> Optional[str]:
         if value:
             return to_text(value)
     return None
+
+
+def message_keys(msg: Any) -> List[str]:
+    """The keys of a message of either client, as a list of non-empty ``str``.
+
+    Classic client: ``keys`` is one string (``str`` or ``bytes``) holding the keys separated by
+    spaces, as RocketMQ stores them (``Message.set_keys("a b")`` sets two keys); they are
+    returned in that order. 5.x client: ``keys`` is a set; they are returned sorted, so the
+    first key is the same on every delivery. ``[]`` when the message has no key.
+    """
+    keys = getattr(msg, "keys", None)
+    if keys is None:
+        return []
+    if isinstance(keys, (set, frozenset)):
+        return sorted(text for text in map(to_text, keys) if text)
+    if isinstance(keys, (list, tuple)):
+        return [text for text in map(to_text, keys) if text]
+    return [key for key in to_text(keys).split(KEY_SEPARATOR) if key]
+
+
+def message_body(msg: Any) -> bytes:
+    """The body of a message of either client as ``bytes`` (``b""`` when it has none); a
+    ``str`` body is encoded as UTF-8 (see :func:`encode_text`)."""
+    body = getattr(msg, "body", None)
+    if body is None:
+        return b""
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    return encode_text(to_text(body))
+
+
+def message_properties(msg: Any, names: Iterable[str] = ()) -> Dict[str, str]:
+    """The user properties of a message of either client, as ``{name: value}`` text.
+
+    5.x: every user property (only those in ``names`` when it is given). The classic clients
+    cannot list a message's properties (librocketmq reads them one name at a time), so there
+    the result holds the properties in ``names`` that the message has, and is ``{}`` without
+    ``names``. Absent and empty properties are left out on both clients.
+    """
+    wanted = list(names)
+    props = getattr(msg, "properties", None)
+    if isinstance(props, Mapping):
+        found = {to_text(name): to_text(value) for name, value in props.items()}
+        if wanted:
+            found = {name: found[name] for name in wanted if name in found}
+        return {name: value for name, value in found.items() if value}
+    result: Dict[str, str] = {}
+    for name in wanted:
+        value = get_property(msg, name)
+        if value is not None:
+            result[name] = value
+    return result
 
 
 def reconsume_times(msg: Any) -> int:

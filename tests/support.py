@@ -60,14 +60,19 @@ class ClassicMessage:
         body: bytes = b"",
         uniq_key: Optional[str] = None,
         reconsume_times: int = 0,
+        keys: Any = b"",
+        properties: Optional[Dict[str, bytes]] = None,
     ) -> None:
+        """``keys``: one string, keys separated by spaces (as librocketmq returns them)."""
         self.id = msg_id
         self.topic = topic
         self.tags = tags
-        self.keys = b""
+        self.keys = keys
         self.body = body
         self.reconsume_times = reconsume_times
-        self._props = {"UNIQ_KEY": uniq_key.encode()} if uniq_key else {}
+        self._props = dict(properties or {})
+        if uniq_key:
+            self._props["UNIQ_KEY"] = uniq_key.encode()
 
     def get_property(self, name: str) -> bytes:
         return self._props.get(name, b"")
@@ -84,6 +89,7 @@ class GrpcMessage:
         body: bytes = b"",
         keys: Optional[Set[str]] = None,
         delivery_attempt: int = 1,
+        properties: Optional[Dict[str, str]] = None,
     ) -> None:
         self.message_id = message_id
         self.topic = topic
@@ -91,7 +97,7 @@ class GrpcMessage:
         self.keys = keys or set()
         self.body = body
         self.delivery_attempt = delivery_attempt
-        self.properties: Dict[str, str] = {}
+        self.properties: Dict[str, str] = dict(properties or {})
 
 
 class DuckStore:

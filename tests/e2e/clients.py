@@ -73,6 +73,26 @@ class Producer:
             gmsg.add_property(name, value)
         return str(self._producer.send(gmsg).message_id)
 
+    def send_keyed(self, topic: str, body: bytes, key: str, tag: str = "TagA") -> str:
+        """Send one message whose (only) key is ``key``, as an order's producer would: the
+        classic client's ``set_keys``, the 5.x client's ``keys``."""
+        if self.client == "classic":
+            from rocketmq.client import Message
+
+            msg = Message(topic)
+            msg.set_tags(tag)
+            msg.set_keys(key)
+            msg.set_body(body)
+            return str(self._producer.send_sync(msg).msg_id)
+        from rocketmq import Message as GrpcMessage
+
+        gmsg = GrpcMessage()
+        gmsg.topic = topic
+        gmsg.tag = tag
+        gmsg.keys = key
+        gmsg.body = body
+        return str(self._producer.send(gmsg).message_id)
+
     def close(self) -> None:
         self._producer.shutdown()
 
