@@ -69,8 +69,8 @@ def main() -> None:
         while not stopping.is_set():
             try:
                 consume_simple(consumer, listener, max_message_num=16, invisible_duration=30)
-            except Exception:  # e.g. the proxy has not synced this consumer's settings yet
-                logger.warning("receive failed; retrying in 1 s", exc_info=True)
+            except Exception as exc:  # e.g. the proxy has not synced this consumer's settings yet
+                logger.warning("receive failed, retrying in 1 s: %s", exc)
                 stopping.wait(1.0)  # unacked messages come back after their invisible time
         consumer.shutdown()
     logger.info("stopped")

@@ -157,7 +157,10 @@ def test_quickstart_handles_each_order_once_and_stops_cleanly(
         assert process.proc.wait(60) == 0, process.tail()
         log = process.lines()
         assert log[-1].endswith(" INFO stopped"), process.tail()
-        assert not [line for line in log if "Traceback" in line or " ERROR " in line]
+        # a transient failure (a WARNING line) is fine; a traceback or an ERROR is not
+        assert not [line for line in log if "Traceback" in line or " ERROR " in line], (
+            process.tail()
+        )
     finally:
         process.kill()
 
