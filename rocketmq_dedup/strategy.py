@@ -473,17 +473,26 @@ class DedupStrategy(Strategy):
         if metrics is None:
             return fn(*args)
         begin = time.perf_counter()
-        ok = False
         try:
             result = fn(*args)
-            ok = True
-            return result
-        finally:
-            seconds = time.perf_counter() - begin
-            try:
-                metrics.store_operation(self.config.application_name, op, seconds, ok)
-            except Exception:
-                self._metrics_failed()
+        except BaseException:
+            self._time_store_call(metrics, op, time.perf_counter() - begin, False)
+            raise
+        try:  # inline: the success path is per message
+            metrics.store_operation(
+                self.config.application_name, op, time.perf_counter() - begin, True
+            )
+        except Exception:
+            self._metrics_failed()
+        return result
+
+    def _time_store_call(
+        self, metrics: DedupMetrics, op: StoreOp, seconds: float, ok: bool
+    ) -> None:
+        try:
+            metrics.store_operation(self.config.application_name, op, seconds, ok)
+        except Exception:
+            self._metrics_failed()
 
     def _report(
         self, metrics: DedupMetrics, deliveries: List[_Delivery], reached: int, started: int

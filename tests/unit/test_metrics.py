@@ -221,6 +221,55 @@ def test_prometheus_counts_and_times(app_name: str) -> None:
     assert labels <= {"app", "topic", "outcome", "op", "le"}
 
 
+def test_prometheus_totals_are_exact_under_concurrent_scrapes() -> None:
+    """Threads report while another scrapes (folding) the whole time: every decision and
+    timing is counted once, in its bucket, with the right sum."""
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    threads, per_thread = 4, 5_000  # > FOLD_AT in all: reporters fold too
+    stop = threading.Event()
+
+    def report() -> None:
+        for i in range(per_thread):
+            seconds = 0.0002 if i % 2 else 0.003  # STORE_BUCKETS: le=0.00025 and le=0.005
+            metrics.store_operation("app", StoreOp.CLAIM, seconds, True)
+            handler = 0.02 if i % 4 == 0 else None  # HANDLER_BUCKETS: le=0.025
+            metrics.message(Decision("app", "T", Outcome.CONSUMED, None, 0, handler))
+
+    def scrape() -> None:
+        while not stop.is_set():
+            list(registry.collect())
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    workers = [threading.Thread(target=report) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    stop.set()
+    scraper.join()
+    total = threads * per_thread
+
+    def value(name: str, **labels: str) -> Optional[float]:
+        return registry.get_sample_value(name, labels)
+
+    assert value("rocketmq_dedup_messages_total", app="app", topic="T", outcome="consumed") == total
+    store = {"app": "app", "op": "claim"}
+    assert value("rocketmq_dedup_store_seconds_count", **store) == total
+    assert value("rocketmq_dedup_store_seconds_bucket", **store, le="0.00025") == total / 2
+    assert value("rocketmq_dedup_store_seconds_bucket", **store, le="0.0025") == total / 2
+    assert value("rocketmq_dedup_store_seconds_bucket", **store, le="0.005") == total
+    assert value("rocketmq_dedup_store_seconds_sum", **store) == pytest.approx(
+        total / 2 * (0.0002 + 0.003)
+    )
+    handler = {"app": "app", "topic": "T"}
+    assert value("rocketmq_dedup_handler_seconds_count", **handler) == total / 4
+    assert value("rocketmq_dedup_handler_seconds_bucket", **handler, le="0.01") == 0
+    assert value("rocketmq_dedup_handler_seconds_bucket", **handler, le="0.025") == total / 4
+    assert value("rocketmq_dedup_handler_seconds_sum", **handler) == pytest.approx(total / 4 * 0.02)
+
+
 def test_opentelemetry_metrics_and_spans(app_name: str) -> None:
     """OpenTelemetryMetrics: the same counter through a MeterProvider, and a span per decision
     with the messaging attributes and the outcome."""
