@@ -124,6 +124,11 @@ class Case(abc.ABC):
         """Handler calls the timed pass must make: every message, or none for duplicates."""
         return 0 if self.duplicates else self.n
 
+    def details(self) -> dict[str, float]:
+        """Figures of the last timed pass beyond its time and usage (kept in the JSON as their
+        median over the repetitions); none by default."""
+        return {}
+
     def cleanup(self) -> None:  # noqa: B027 - optional hook
         """Delete this repetition's records."""
 

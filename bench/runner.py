@@ -60,6 +60,7 @@ class CaseResult:
     cpu_us: list[float] = field(default_factory=list)
     voluntary_switches: list[float] = field(default_factory=list)
     involuntary_switches: list[float] = field(default_factory=list)
+    details: dict[str, list[float]] = field(default_factory=dict)  # Case.details, per rep
 
     @property
     def median(self) -> float:
@@ -72,10 +73,13 @@ class CaseResult:
             "cpu_us_per_msg": statistics.median(self.cpu_us),
             "voluntary_switches_per_msg": statistics.median(self.voluntary_switches),
             "involuntary_switches_per_msg": statistics.median(self.involuntary_switches),
+            **{name: statistics.median(values) for name, values in self.details.items()},
         }
 
-    def add(self, rate: float, usage: Usage) -> None:
+    def add(self, rate: float, usage: Usage, details: Optional[dict[str, float]] = None) -> None:
         self.reps.append(rate)
+        for name, value in (details or {}).items():
+            self.details.setdefault(name, []).append(value)
         self.cpu_us.append(usage.cpu_s / self.n * 1e6)
         self.voluntary_switches.append(usage.voluntary / self.n)
         self.involuntary_switches.append(usage.involuntary / self.n)
@@ -94,6 +98,7 @@ class Sample:
 
     seconds: float = 0.0
     usage: Usage = field(default_factory=Usage.zero)
+    details: dict[str, float] = field(default_factory=dict)  # of a case measured whole
 
     def add(self, seconds: float, usage: Usage) -> None:
         self.seconds += seconds
@@ -154,6 +159,7 @@ def run_rep(cases: list[Case], rep: int, rounds: int, rng: random.Random) -> dic
                     try:
                         measure(case, samples[case.name])
                         expect_calls(case)
+                        samples[case.name].details = case.details()
                     finally:
                         case.cleanup()
         for case in prepared:
@@ -186,7 +192,7 @@ def run_cases(
             for case in cases:
                 sample = samples[case.name]
                 rate = case.n / sample.seconds
-                results[case.name].add(rate, sample.usage)
+                results[case.name].add(rate, sample.usage, sample.details)
                 log(f"  rep {rep + 1}/{reps}  {case.name:<32} {rate:>14,.0f} msg/s")
             log(f"rep {rep + 1}/{reps} done in {time.monotonic() - began:.1f}s")
     except BaseException as exc:  # say what failed before closing, which may itself hang
