@@ -7,6 +7,7 @@ import logging
 import threading
 from typing import Any, Callable, Iterable, List, Optional, TypeVar
 
+from rocketmq_dedup._threads import keep_thread_state
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.message import message_id
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
@@ -86,6 +87,7 @@ class BaseDedupListener(abc.ABC):
 
     def __call__(self, msg: Any) -> ConsumeStatus:
         """Consume one message; never raises into a client's callback (see :meth:`close`)."""
+        keep_thread_state()  # a native callback thread keeps its Python state (_threads)
         try:
             return self._strategy.consume_each((msg,), self.dedup_message_key, self.do_handle_msg)[
                 0

@@ -15,6 +15,17 @@ STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS]
 _REDIS_FIXTURES = {"redis_client", "redis_cluster_client"}
 
 
+@pytest.fixture
+def fresh_thread_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Listeners here do not keep a native callback thread's Python state (see
+    rocketmq_dedup._threads, tested in tests/unit/test_threads.py): every native callback runs
+    on a fresh state, where a thread-local is lost at each message, the case the stores' own
+    defences (a bounded MySQL pool, Redis wakers not kept per thread) must hold in."""
+    import rocketmq_dedup.listener
+
+    monkeypatch.setattr(rocketmq_dedup.listener, "keep_thread_state", lambda: None)
+
+
 @pytest.fixture(params=STORE_KINDS)
 def store(request: pytest.FixtureRequest) -> DedupStore:
     """Every server store kind."""

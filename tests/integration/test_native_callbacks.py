@@ -30,6 +30,8 @@ from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
 from tests.native import UNSET, NativeBuildError, build_library, run_callbacks
 from tests.support import REDIS_URL, ClassicMessage, mysql_connect
 
+pytestmark = pytest.mark.usefixtures("fresh_thread_states")
+
 TABLE = "t_rocketmq_dedup_native"  # created if missing, never dropped: shared with other runs
 THREADS = 4
 #: Connections a store may open for any scenario here (MySQL: a small pool; Redis: the store's
