@@ -52,11 +52,14 @@ class _Histogram:
 
 
 #: Pending decisions that make a consumer thread fold the pending events into the totals.
-#: Small: a pending decision keeps its message alive, and a long backlog outlives young GC
-#: collections and is walked again by older ones (4096 cost 0.04 of memory_fresh's rate).
+#: Small: a long backlog outlives young GC collections and is walked again by older ones
+#: (4096 cost 0.04 of memory_fresh's rate).
 FOLD_AT = 512
 
-_LABELS = itemgetter(0, 1, 2)  # a Decision's (application, topic, outcome)
+#: What is kept of a Decision until the fold: (application, topic, outcome, handler seconds),
+#: not the message (a pending decision must not keep a message's body alive).
+_KEPT = itemgetter(0, 1, 2, 5)
+_LABELS = itemgetter(0, 1, 2)  # of a kept decision
 
 
 def _histogram(
@@ -93,7 +96,7 @@ class PrometheusMetrics(DedupMetrics):
 
     def __init__(self, registry: Optional[Any] = None) -> None:
         self._lock = threading.Lock()  # held while folding events into the totals
-        self._decisions: Deque[Decision] = deque()
+        self._decisions: Deque[Tuple[str, str, Any, Optional[float]]] = deque()  # _KEPT
         self._timings: Dict[Tuple[str, Any], List[float]] = {}  # (app, StoreOp): pending
         self._messages: Dict[Tuple[str, str, Any], int] = {}
         self._renewals: Dict[str, int] = {}
@@ -111,7 +114,7 @@ class PrometheusMetrics(DedupMetrics):
 
     def message(self, decision: Decision) -> None:
         decisions = self._decisions
-        decisions.append(decision)
+        decisions.append(_KEPT(decision))
         if len(decisions) >= FOLD_AT:
             self._fold()
 
@@ -132,7 +135,7 @@ class PrometheusMetrics(DedupMetrics):
             for labels, n in Counter(map(_LABELS, batch)).items():
                 messages[labels] = messages.get(labels, 0) + n
             handled: Dict[Tuple[str, str], List[float]] = {}
-            for app, topic, _, _, _, seconds in batch:
+            for app, topic, _, seconds in batch:
                 if seconds is not None:
                     handled.setdefault((app, topic), []).append(seconds)
             for key, durations in handled.items():
