@@ -20,6 +20,7 @@ draining a backlog with the default settings gets.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
 from typing import Any, Optional, Sequence
@@ -44,6 +45,9 @@ HANDSHAKE_TIMEOUT_S = 60.0
 PROBE_INTERVAL_S = 1.0
 DRAIN_TIMEOUT_S = 120.0
 SHUTDOWN_TIMEOUT_S = 30.0
+# A send the client refuses (its cached route briefly empty: "No route info of this topic") is
+# retried with backoff, about 12 s in all, rather than failing the whole run.
+SEND_ATTEMPTS = 8
 # Both e2e cases run the same consumer: 8 callback threads (the classic client's default is
 # one per core; production consumers of I/O-bound handlers run more, Java's default is 20).
 CONSUMER_THREADS = 8
@@ -98,7 +102,15 @@ class E2ECase(Case):
         msg.set_tags(self.tag)
         msg.set_keys(keys)
         msg.set_body(body)
-        result = self.producer.send_sync(msg)
+        for attempt in range(1, SEND_ATTEMPTS + 1):
+            try:
+                result = self.producer.send_sync(msg)
+                break
+            except Exception as exc:  # e.g. ProducerSendSyncFailed: No route info of this topic
+                if attempt == SEND_ATTEMPTS:
+                    raise BenchError(f"{self.name}: send failed {attempt} times: {exc}") from exc
+                print(f"warning: {self.name}: send failed ({exc}); retrying", file=sys.stderr)
+                time.sleep(min(0.2 * 2**attempt, 2.0))
         if result.status != SendStatus.OK:
             raise BenchError(f"{self.name}: send failed: {result.status!r}")
 
