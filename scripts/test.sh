@@ -2,7 +2,8 @@
 # The whole test suite, on a fresh machine: installs what it needs (Debian packages, Python
 # environments, RocketMQ jars), starts Redis, MariaDB and RocketMQ on 127.0.0.1, runs lint,
 # type checks, the unit/contract/integration tests and the end-to-end tests through the broker
-# with both Python clients, then stops what it started. Extra arguments go to every pytest run.
+# with both Python clients and the quick fault soak, then stops what it started. Extra arguments
+# go to every pytest run.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -43,6 +44,10 @@ run_suite integration .venv tests/integration "$@"
 # -v: a line per test as it completes (the e2e suites take minutes)
 run_suite e2e-classic .venv-classic tests/e2e -m e2e -v "$@"
 run_suite e2e-grpc .venv-grpc tests/e2e -m e2e -v "$@"
+# last: it kills and restarts MariaDB and the broker (bench/soak, SOAK.md; ~5 minutes)
+log "fault soak, quick: lost and doubly applied keys under SIGKILLs, server kills, a broker restart"
+with_client_home soak .venv-classic/bin/python -m bench.soak --quick \
+  --json "$RESULTS/soak-quick.json" || failed=1
 
 if .venv/bin/python - "$RESULTS" <<'PY'
 import sys, pathlib, xml.etree.ElementTree as ET

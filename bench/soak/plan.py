@@ -70,10 +70,12 @@ def sends(run_id: str, keys: int, send_s: float, seed: int) -> list[Send]:
 
 def faults(send_s: float, seed: int, sigkills: int = 3) -> list[Fault]:
     """The faults, at seeded moments while messages flow (between 10 % and 90 % of the send
-    time), at least 3 s apart so each one's recovery is seen on its own."""
+    time), at least 3 s apart so each one's recovery is seen on its own. The broker restart
+    comes last: nothing flows for the 15-45 s it takes, and a fault then would hit no message."""
     rng = random.Random(seed ^ 0x5EED)
-    kinds = ["sigkill"] * sigkills + ["redis_kill", "mysql_kill", "broker_restart"]
+    kinds = ["sigkill"] * sigkills + ["redis_kill", "mysql_kill"]
     rng.shuffle(kinds)
+    kinds.append("broker_restart")
     slots = len(kinds)
     span = 0.8 * send_s / slots
     return [

@@ -42,6 +42,7 @@ def test_faults_cover_every_kind_while_messages_flow() -> None:
     kinds = Counter(f.kind for f in schedule)
     assert kinds == {"sigkill": 3, "redis_kill": 1, "mysql_kill": 1, "broker_restart": 1}
     assert all(10.0 <= f.at_s <= 90.0 for f in schedule)
+    assert schedule[-1].kind == "broker_restart"  # nothing flows while the broker restarts
     assert [f.at_s for f in schedule] == sorted(f.at_s for f in schedule)
 
 
