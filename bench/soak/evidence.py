@@ -16,13 +16,22 @@ as unexplained (a defect to fix, not a number to report):
 * ``ambiguous_effect_commit``: writing the effect raised (MariaDB killed during the commit)
   although the row was committed; the handler failed, so the broker's retry ran it again.
 
-Each key never applied is classified too. Only one kind is not the dedup layer's doing:
+Each key never applied is classified too, by what the dedup layer answered for it:
 
-* ``not_redelivered_after_broker_restart``: every answer it got was "not consumed" (handler
-  failure, duplicate in progress, store error), the last within ``NACK_WINDOW_S`` before a
-  broker restart, and the broker never delivered it again.
-* ``acked_without_effect`` (a dedup defect), ``never_delivered`` and ``not_redelivered``
-  (unexplained) fail the run.
+* ``acked_without_effect``: some delivery of it was acked (``consumed`` or
+  ``duplicate_consumed``) and no effect row exists: the one loss the dedup layer can cause, a
+  defect that fails the run. (A ``store_error_consumed`` or ``no_key`` delivery ran the
+  handler, so with no effect row its handler failed and the answer was RECONSUME_LATER.)
+* ``not_redelivered_after_broker_restart``: every answer was "not consumed" (handler failure,
+  duplicate in progress, store error), the last within ``NACK_WINDOW_S`` before a broker
+  restart, and the message never came back.
+* ``not_redelivered``: the same with no restart near: the retry was not due before the drain
+  ended, or the client dropped it (rocketmq-client-cpp drops a message whose ``sendMessageBack``
+  fails; the report counts those failures from the consumers' client logs).
+* ``never_delivered``: the broker acked the send and no consumer ever decided it.
+
+The last three happened in the transport (the broker and its clients): the dedup layer never
+acked these messages. They are reported, not failed on.
 """
 
 from __future__ import annotations
@@ -39,7 +48,11 @@ EFFECT_ERROR_WINDOW_S = 10.0
 #: A nack this long before a broker restart may be lost with the restart (see the module doc).
 NACK_WINDOW_S = 10.0
 LOST_BY_BROKER = "not_redelivered_after_broker_restart"
-NOT_CONSUMED = ("failed", "duplicate_in_progress", "store_error_later", "key_error", "no_key")
+#: The only loss the dedup layer can cause (see the module doc).
+LOST_BY_DEDUP = "acked_without_effect"
+#: Outcomes whose answer is an ack whatever the handler did (the handler did not run, or it
+#: succeeded; a ``consumed`` decision may end in ``:mark_ok``/``:mark_failed``).
+ACKED = ("consumed", "duplicate_consumed")
 
 CAUSES = (
     "killed_before_mark",
@@ -139,8 +152,8 @@ def why_lost(events: Sequence[Event], restarts: Sequence[float]) -> str:
     decisions = [e for e in events if e.kind == "decision"]
     if not decisions:
         return "never_delivered"
-    if any(not e.detail.startswith(NOT_CONSUMED) for e in decisions):
-        return "acked_without_effect"
+    if any(e.detail.startswith(ACKED) for e in decisions):
+        return LOST_BY_DEDUP
     last = max(e.at for e in decisions)
     if any(last <= at <= last + NACK_WINDOW_S for at in restarts):
         return LOST_BY_BROKER

@@ -11,6 +11,8 @@ COLUMNS = (
     ("delivered", "delivered"),
     ("applied_keys", "applied"),
     ("lost", "lost"),
+    ("lost_by_dedup", "acked, not applied"),
+    ("client_sendback_failures", "client send-back failures"),
     ("double_applied", "double applied"),
     ("double_applied_explained", "explained"),
     ("dlq", "DLQ"),
@@ -22,7 +24,7 @@ TIMELINE_STEP_S = 5.0
 
 
 def table(report: Dict[str, Any]) -> str:
-    """One row per mode; the double applies' causes below."""
+    """One row per mode; the causes of lost keys and double applies below."""
     lines = [
         "| mode | " + " | ".join(title for _, title in COLUMNS) + " |",
         "|---|" + "---:|" * len(COLUMNS),
@@ -33,9 +35,13 @@ def table(report: Dict[str, Any]) -> str:
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     lines.append("")
     for mode, result in report["modes"].items():
+        lost = ", ".join(f"{k} {v}" for k, v in result["lost_causes"].items())
         causes = ", ".join(f"{k} {v}" for k, v in result["double_applied_causes"].items())
         faults = ", ".join(f"{f['kind']} {f['at_s']:.0f}s" for f in result["faults"])
-        lines.append(f"- **{mode}**: causes: {causes or 'none'}; faults: {faults}")
+        lines.append(
+            f"- **{mode}**: lost: {lost or 'none'}; double applied: {causes or 'none'}; "
+            f"faults: {faults}"
+        )
     return "\n".join(lines)
 
 

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
+
+import pytest
 
 from bench.soak.evidence import Effect, Event, Kill, judge, parse_events, summary
 from bench.soak.plan import FAIL_FIRST_SHARE, fails_first, faults, handler_ms, sends
@@ -132,20 +135,42 @@ def test_a_double_apply_without_evidence_is_unexplained() -> None:
 
 
 def test_lost_keys_are_classified() -> None:
-    """Nacked just before a broker restart: the broker's; acked without an effect: a dedup
-    defect; never delivered, or not redelivered with no restart near: unexplained."""
+    """Acked without an effect: the dedup layer's loss; answered RECONSUME_LATER (a handler
+    run without dedup that failed included) and not redelivered, or never delivered: the
+    transport's, near a broker restart or not."""
     events = [
         Event(10.0, 1, "nacked", "decision", "failed"),
         Event(10.0, 1, "acked", "decision", "duplicate_consumed"),
         Event(10.0, 1, "later", "decision", "duplicate_in_progress"),
+        Event(10.0, 1, "outage", "decision", "store_error_consumed"),
+        Event(10.0, 1, "marked", "decision", "consumed:mark_failed"),
     ]
-    keys = ["nacked", "acked", "later", "silent"]
+    keys = ["nacked", "acked", "later", "outage", "marked", "silent"]
     verdict = judge(keys, [], events, [Kill("broker_restart", 14.0)], "redis_kill")
     assert verdict.lost_causes == {
         "nacked": "not_redelivered_after_broker_restart",
         "acked": "acked_without_effect",
         "later": "not_redelivered_after_broker_restart",
+        "outage": "not_redelivered_after_broker_restart",
+        "marked": "acked_without_effect",
         "silent": "never_delivered",
     }
     far = judge(["nacked"], [], events[:1], [Kill("broker_restart", 40.0)], "redis_kill")
     assert far.lost_causes == {"nacked": "not_redelivered"}
+
+
+def test_sendback_failures_are_counted_from_the_client_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only error lines of sendMessageBack, only in the given consumers' logs."""
+    from bench.soak import run
+
+    logs = tmp_path / "logs" / "rocketmq-cpp"
+    logs.mkdir(parents=True)
+    error = "[2026-Nov-24 02:39:11](error):msg: response is null[sendMessageBack:252]\n"
+    (logs / "7_rocketmq-cpp.log.0").write_text(error * 2 + "(info):sendMessageBack ok\n")
+    (logs / "7_rocketmq-cpp.log.1").write_text(error)
+    (logs / "8_rocketmq-cpp.log.0").write_text(error)
+    monkeypatch.setattr(run, "HOME", tmp_path)
+    assert run.sendback_failures([7]) == 3
+    assert run.sendback_failures([7, 8, 9]) == 4
