@@ -14,14 +14,7 @@ PY=.venv-classic/bin/python
 
 "$REPO_ROOT/scripts/bootstrap.sh"
 
-# bench-only packages: reinstalled when requirements-bench.txt or the venv itself changed
-bench_stamp=$(cat requirements-bench.txt .venv-classic/.stamp | sha256sum | cut -c1-16)
-if [[ ! -f .venv-classic/.bench-stamp || $(cat .venv-classic/.bench-stamp) != "$bench_stamp" ]]; then
-  log "installing requirements-bench.txt into .venv-classic"
-  with_progress 15 "installing requirements-bench.txt" \
-    .venv-classic/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
-  echo "$bench_stamp" >.venv-classic/.bench-stamp
-fi
+install_bench_requirements
 
 needs=$("$PY" -m bench --services "$@")   # e.g. "redis mysql broker"; exits non-zero on bad args
 

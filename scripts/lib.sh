@@ -97,3 +97,17 @@ fi
 if [[ $_server_cpus != all ]] && command -v taskset >/dev/null; then
   SERVER_CPUS=(taskset -c "$_server_cpus")
 fi
+
+# The bench-only packages (requirements-bench.txt: matplotlib for the charts, the compared
+# libraries) in .venv-classic, reinstalled when that file or the venv itself changed.
+install_bench_requirements() {
+  local stamp
+  stamp=$(cat requirements-bench.txt .venv-classic/.stamp | sha256sum | cut -c1-16)
+  if [[ -f .venv-classic/.bench-stamp && $(cat .venv-classic/.bench-stamp) == "$stamp" ]]; then
+    return
+  fi
+  log "installing requirements-bench.txt into .venv-classic"
+  with_progress 15 "installing requirements-bench.txt" \
+    .venv-classic/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
+  echo "$stamp" >.venv-classic/.bench-stamp
+}

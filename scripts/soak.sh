@@ -11,6 +11,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
 
 "$REPO_ROOT/scripts/bootstrap.sh"
+install_bench_requirements   # matplotlib for --chart
 
 cleanups=()
 cleanup() {
