@@ -7,8 +7,9 @@ Stores are named by URL: ``--redis redis://[:password@]host:port/db`` (also ``re
 (``ROCKETMQ_DEDUP_REDIS_URL``, ``ROCKETMQ_DEDUP_MYSQL_URL``), and so may the passwords
 (``REDISCLI_AUTH``, ``ROCKETMQ_DEDUP_MYSQL_PASSWORD``), to keep them off the command line.
 
-Exit status: 0 done; 1 a check failed (``check``) or nothing to do (``release`` of a CONSUMED
-record without ``--force``, a key with no record); 2 bad input or an unreachable store.
+Exit status: 0 done; 1 a check failed (``check``: e.g. the table is missing or lacks a column)
+or ``release`` refused a CONSUMED record without ``--force``; 2 bad input (a bad URL, an
+unknown table outside ``check``, a key with no live record) or an unreachable store.
 """
 
 from __future__ import annotations

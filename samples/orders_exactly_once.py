@@ -29,6 +29,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup import DedupConfig, TransactionalDedupListener
+from rocketmq_dedup.message import message_body
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 
 logger = logging.getLogger("samples.orders_exactly_once")
@@ -58,7 +59,7 @@ def order_message_body(order_id: str, step: int) -> bytes:
 
 def parse_order_message(msg: Any) -> Tuple[str, int]:
     """(order id, step) of a message; raises ValueError for anything else."""
-    data = json.loads(msg.body)
+    data = json.loads(message_body(msg))
     order_id, step = data["order_id"], data["step"]
     if not isinstance(order_id, str) or type(step) is not int or step not in STEPS:
         raise ValueError(f"not an order step: {data!r}")
