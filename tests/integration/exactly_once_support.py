@@ -12,7 +12,13 @@ from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.support import MYSQL, mysql_connect
 
 #: Every driver the exactly-once mode supports: DB-API factories and SQLAlchemy engines.
-DRIVERS = ["mysqlclient", "pymysql", "sqlalchemy+mysqlclient", "sqlalchemy+pymysql"]
+DRIVERS = [
+    "mysqlclient",
+    "pymysql",
+    "mysql-connector",
+    "sqlalchemy+mysqlclient",
+    "sqlalchemy+pymysql",
+]
 _SA_DIALECTS = {"sqlalchemy+mysqlclient": "mysqldb", "sqlalchemy+pymysql": "pymysql"}
 
 
