@@ -43,8 +43,9 @@ class Outcome(enum.StrEnum):
     """The store was unavailable under the ``reconsume_later`` policy, or failed with a defect:
     RECONSUME_LATER."""
     PAYLOAD_MISMATCH = "payload_mismatch"
-    """A duplicate key whose payload fingerprint differs, with ``payload_mismatch="reject"``:
-    RECONSUME_LATER (it ends in the DLQ for a human to look at)."""
+    """A duplicate key whose payload fingerprint differs from the first copy's: answered as the
+    duplicate it claims to be with ``payload_mismatch="warn"`` (the default), RECONSUME_LATER
+    with ``"reject"`` (it ends in the DLQ for a human to look at)."""
 
 
 class StoreOp(enum.StrEnum):

@@ -10,6 +10,7 @@ import pytest
 
 from bench.soak.evidence import Effect, Event, Kill, judge, parse_events, summary
 from bench.soak.plan import FAIL_FIRST_SHARE, fails_first, faults, handler_ms, sends
+from bench.soak.run import QUIET_S, SIZES
 
 
 def test_the_plan_is_seeded_and_duplicates_30_percent_of_the_keys() -> None:
@@ -174,3 +175,14 @@ def test_sendback_failures_are_counted_from_the_client_logs(
     monkeypatch.setattr(run, "HOME", tmp_path)
     assert run.sendback_failures([7]) == 3
     assert run.sendback_failures([7, 8, 9]) == 4
+
+
+def test_the_quick_drain_also_ends_when_nothing_moves_and_the_full_one_waits() -> None:
+    """Every key applied: both end after QUIET_S; keys missing: only the quick size ends, after
+    its idle time without a decision, and the full one waits for its deadline."""
+    quick, full = SIZES["quick"], SIZES["full"]
+    for size in (quick, full):
+        assert size.drained(True, QUIET_S) and not size.drained(True, QUIET_S - 1)
+    assert quick.idle_s is not None and QUIET_S < quick.idle_s < quick.drain_s
+    assert quick.drained(False, quick.idle_s) and not quick.drained(False, quick.idle_s - 1)
+    assert not full.drained(False, full.drain_s)
