@@ -178,11 +178,14 @@ def test_sendback_failures_are_counted_from_the_client_logs(
 
 
 def test_the_quick_drain_also_ends_when_nothing_moves_and_the_full_one_waits() -> None:
-    """Every key applied: both end after QUIET_S; keys missing: only the quick size ends, after
-    its idle time without a decision, and the full one waits for its deadline."""
+    """Every key applied: both end QUIET_S after the last decision; keys missing: only the
+    quick size ends, once nothing was decided for its idle time since the drain began, and
+    the full one waits for its deadline."""
     quick, full = SIZES["quick"], SIZES["full"]
     for size in (quick, full):
-        assert size.drained(True, QUIET_S) and not size.drained(True, QUIET_S - 1)
-    assert quick.idle_s is not None and QUIET_S < quick.idle_s < quick.drain_s
-    assert quick.drained(False, quick.idle_s) and not quick.drained(False, quick.idle_s - 1)
-    assert not full.drained(False, full.drain_s)
+        assert size.drained(True, QUIET_S, 0.0) and not size.drained(True, QUIET_S - 1, 99.0)
+    idle = quick.idle_s
+    assert idle is not None and idle < quick.drain_s
+    assert quick.drained(False, idle, idle) and not quick.drained(False, idle - 1, 99.0)
+    assert not quick.drained(False, 99.0, idle - 1)  # the silence before the drain
+    assert not full.drained(False, full.drain_s, full.drain_s)
