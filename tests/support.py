@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 REDIS_URL = os.environ.get("DEDUP_REDIS_URL", "redis://127.0.0.1:16379/0")
 REDIS_CLUSTER_URL = os.environ.get("DEDUP_REDIS_CLUSTER_URL", "redis://127.0.0.1:17000/0")
@@ -128,3 +128,24 @@ class DuckStore:
 def outcome(result: Any) -> Any:
     """A claim result without its holder: what a claim decided."""
     return (result.claimed, result.status)
+
+
+def prometheus_value(registry: Any, name: str, **labels: str) -> Optional[float]:
+    """One sample of a prometheus_client ``CollectorRegistry``; None when it has none."""
+    value: Optional[float] = registry.get_sample_value(name, labels)
+    return value
+
+
+def otel_points(reader: Any) -> Dict[Tuple[str, Optional[str]], float]:
+    """The data points of an OpenTelemetry ``InMemoryMetricReader`` by (instrument, outcome
+    attribute or None): a counter's value, a histogram's count, summed over other labels."""
+    found: Dict[Tuple[str, Optional[str]], float] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                for p in m.data.data_points:
+                    key = (m.name, dict(p.attributes or {}).get("outcome"))
+                    value = getattr(p, "value", None)
+                    found[key] = found.get(key, 0) + (value if value is not None else p.count)
+    return found

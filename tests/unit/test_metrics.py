@@ -3,6 +3,7 @@ lease renewals; Prometheus and OpenTelemetry; the default costs nothing."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, List, Optional, Tuple
 
@@ -35,7 +36,7 @@ from rocketmq_dedup.metrics import (
     StoreOp,
 )
 from rocketmq_dedup.stores.base import DedupStore
-from tests.support import ClassicMessage, wait_for
+from tests.support import ClassicMessage, otel_points, prometheus_value, wait_for
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -207,8 +208,7 @@ def test_prometheus_counts_and_times(app_name: str) -> None:
     for msg_id in ("m1", "m1", "m2", "bad"):
         listener(ClassicMessage(msg_id))
 
-    def value(name: str, **labels: str) -> Optional[float]:
-        return registry.get_sample_value(name, labels)
+    value = functools.partial(prometheus_value, registry)
 
     base = {"app": app_name, "topic": "TEST-TOPIC"}
     assert value("rocketmq_dedup_messages_total", **base, outcome="consumed") == 2
@@ -251,8 +251,7 @@ def test_prometheus_totals_are_exact_under_concurrent_scrapes() -> None:
     scraper.join()
     total = threads * per_thread
 
-    def value(name: str, **labels: str) -> Optional[float]:
-        return registry.get_sample_value(name, labels)
+    value = functools.partial(prometheus_value, registry)
 
     assert value("rocketmq_dedup_messages_total", app="app", topic="T", outcome="consumed") == total
     store = {"app": "app", "op": "claim"}
@@ -284,14 +283,7 @@ def test_opentelemetry_metrics_and_spans(app_name: str) -> None:
     listener = Listener(config)
     listener(ClassicMessage("m1"))
     listener(ClassicMessage("m1"))
-    data = reader.get_metrics_data()
-    points = {
-        (m.name, dict(p.attributes or {}).get("outcome")): getattr(p, "value", None)
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        for p in m.data.data_points
-    }
+    points = otel_points(reader)
     assert points[("rocketmq_dedup.messages", "consumed")] == 1
     assert points[("rocketmq_dedup.messages", "duplicate_consumed")] == 1
     spans = exporter.get_finished_spans()
