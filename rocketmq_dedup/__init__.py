@@ -17,12 +17,14 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.listener import BaseDedupListener, DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.status import ConsumeStatus, DedupStatus, StoreFailurePolicy
+from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome, StoreFailurePolicy
 from rocketmq_dedup.stores import (
+    Claim,
     ClaimResult,
     DedupStore,
     MemoryDedupStore,
     MySQLDedupStore,
+    Record,
     RedisDedupStore,
 )
 from rocketmq_dedup.strategy import BatchResult
@@ -33,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BaseDedupListener",
     "BatchResult",
+    "Claim",
     "ClaimResult",
     "ConsumeStatus",
     "DedupConcurrentListener",
@@ -45,6 +48,8 @@ __all__ = [
     "MemoryDedupStore",
     "MissingExtraError",
     "MySQLDedupStore",
+    "Outcome",
+    "Record",
     "RedisDedupStore",
     "StoreError",
     "StoreFailurePolicy",

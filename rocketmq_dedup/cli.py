@@ -14,7 +14,6 @@ unknown table outside ``check``, a key with no live record) or an unreachable st
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
@@ -32,13 +31,8 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.owner import claimed_at
 from rocketmq_dedup.stores import make_store
-from rocketmq_dedup.stores.base import DedupStore, RecordInfo
-from rocketmq_dedup.stores.mysql import (
-    DEFAULT_TABLE_NAME,
-    MySQLDedupStore,
-    schema_sql,
-    sequence_schema_sql,
-)
+from rocketmq_dedup.stores.base import DedupStore, Record
+from rocketmq_dedup.stores.mysql import DEFAULT_TABLE_NAME, MySQLDedupStore, schema_statements
 from rocketmq_dedup.stores.redis import DEFAULT_KEY_PREFIX
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -227,13 +221,13 @@ def duration(ms: Optional[float]) -> str:
     return f"{seconds:.1f} s"
 
 
-def record_rows(record: RecordInfo) -> List[Tuple[str, str]]:
-    at = claimed_at(record.owner)
+def record_rows(record: Record) -> List[Tuple[str, str]]:
+    at = claimed_at(record.owner or "")
     status = record.status.value if record.status is not None else "unreadable"
     colour = {"CONSUMED": "green", "CONSUMING": "yellow"}.get(status, "red")
     return [
         ("status", click.style(status, fg=colour)),
-        ("owner", record.owner),
+        ("owner", record.owner or "unknown"),
         ("claimed", f"{duration((time.time() - at) * 1000)} ago" if at else "unknown"),
         ("time left", duration(record.expires_in_ms)),
     ]
@@ -255,8 +249,8 @@ def check(store: DedupStore) -> None:
         raise click.ClickException("some checks failed")
 
 
-def live_record(store: DedupStore, element: DedupElement) -> RecordInfo:
-    record = store.inspect(element)
+def live_record(store: DedupStore, element: DedupElement) -> Record:
+    record = store.read(element)
     if record is None:
         raise UsageProblem(f"no live record for key {element.key!r}")
     return record
@@ -305,15 +299,16 @@ def stats(store: DedupStore, app: str, limit: int) -> None:
         header = ("held", "left", "topic", "tag", "key", "owner")
         lines = [header]
         for record in result.oldest_claims:
-            at = claimed_at(record.owner)
+            at = claimed_at(record.owner or "")
+            element = record.element or DedupElement(app, "?", "?", "?")
             lines.append(
                 (
                     duration((now - at) * 1000) if at else "?",
                     duration(record.expires_in_ms),
-                    record.element.topic,
-                    record.element.tag,
-                    record.element.key,
-                    record.owner,
+                    element.topic,
+                    element.tag,
+                    element.key,
+                    record.owner or "?",
                 )
             )
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -353,9 +348,7 @@ def schema_mysql(table: str) -> None:
     """The CREATE TABLE statements of the MySQL store: the dedup table and the exactly-once
     mode's sequence table (what create_table() creates)."""
     try:
-        statements = [schema_sql(table)]
-        with contextlib.suppress(DedupError):  # <table>_seq too long: create_table() warns
-            statements.append(sequence_schema_sql(table))
+        statements = schema_statements(table)
     except DedupError as exc:
         raise UsageProblem(str(exc)) from exc
     click.echo("\n\n".join(s + ";" for s in statements))

@@ -1,15 +1,25 @@
-"""DedupConfig: which application dedups, where its records live, and the lease/retention."""
+"""DedupConfig: which application dedups, where its records live, and how.
+
+Each setting is declared once, as a :class:`Setting` on :class:`DedupConfig`: its default, its
+check (which also turns it into what the listener uses, e.g. minutes into milliseconds) and its
+documentation. The constructor's and the factories' keywords, the Java-style setters
+(``config.dedup_record_reserve_minutes = 60``) and :meth:`DedupConfig.settings` all come from
+those declarations. A listener reads a :class:`Snapshot` (one attribute read per batch): a
+setting assigned while messages flow applies from the next batch, never half-way through one.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Union
+from typing import Any, Callable, Dict, Generic, NamedTuple, Optional, TypeVar, Union, overload
 
-from rocketmq_dedup.errors import DedupConfigError, StoreError
+from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.metrics import DedupMetrics
 from rocketmq_dedup.status import StoreFailurePolicy
-from rocketmq_dedup.stores import STORE_OPTIONS, make_store
+from rocketmq_dedup.stores import STORE_OPTIONS, check_reachable, make_store
 from rocketmq_dedup.stores.base import DedupStore
+
+T = TypeVar("T")
 
 DEFAULT_PROCESSING_EXPIRE_MILLI_SECONDS = 60_000
 DEFAULT_RECORD_RESERVE_MINUTES = 1440
@@ -20,56 +30,275 @@ DEFAULT_MAX_PROCESSING_MILLI_SECONDS = 900_000  # RocketMQ's consume timeout: 15
 #: DATETIME range end in year 9999), and so do the lease keeper's timers.
 MAX_DURATION_MS = 36_525 * 86_400_000
 
-_SETTINGS = frozenset(
-    {
-        "dedup_processing_expire_milli_seconds",
-        "dedup_record_reserve_minutes",
-        "store_failure_policy",
-        "lease_renewal",
-        "max_processing_milli_seconds",
-        "metrics",
-        "sequence_mode",
-        "sequence_start",
-        "payload_mismatch",
-    }
-)
+#: The range of a signed 64-bit integer (MySQL's BIGINT): sequence numbers and their start.
+BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
+
 #: ``payload_mismatch`` values: what a duplicate key with a different payload gets.
 PAYLOAD_MISMATCH_ACTIONS = ("warn", "reject")
 #: ``sequence_mode`` values (the exactly-once mode's sequence guard).
 SEQUENCE_MODES = ("strict", "latest")
-_BIGINT = 2**63
+#: ``exactly_once_claim`` values (when the exactly-once mode claims a message's key).
+EXACTLY_ONCE_CLAIMS = ("at_commit", "before_handler")
+#: The most ``local_retries`` a message may get before RECONSUME_LATER.
+MAX_LOCAL_RETRIES = 100
 _METRICS_METHODS = ("message", "store_operation", "leases")
+
+
+def fits_bigint(value: int) -> bool:
+    """True if ``value`` fits a signed 64-bit integer (the one bound of sequence numbers)."""
+    return BIGINT_MIN <= value <= BIGINT_MAX
+
+
+class Snapshot(NamedTuple):
+    """The settings as a listener uses them, read once per batch (:meth:`DedupConfig.snapshot`):
+    durations in whole milliseconds, choices as enums or flags."""
+
+    application_name: str
+    store: Optional[DedupStore]
+    lease_ms: int
+    retention_ms: int
+    max_processing_ms: int
+    hold_ms: int
+    """The longest an attempt holds its key without renewal: ``max_processing_ms`` with lease
+    renewal, else ``lease_ms``."""
+    store_failure_policy: StoreFailurePolicy
+    lease_renewal: bool
+    metrics: Optional[DedupMetrics]
+    reject_payload_mismatch: bool
+    sequence_mode: str
+    sequence_start: int
+    exactly_once_claim: str
+    in_progress_wait_ms: int
+    local_retries: int
+    local_retry_backoff_ms: int
+
+
+class Setting(Generic[T]):
+    """One setting of :class:`DedupConfig`, declared once: its default, the check that
+    validates a value and returns what the :class:`Snapshot` field ``field`` holds, and its
+    documentation. Validated when set, at construction or later by assignment (the Java
+    setters), so a bad value never reaches a message."""
+
+    def __init__(
+        self,
+        default: T,
+        check: Callable[[str, Any], Any],
+        field: str,
+        doc: str,
+        reads_checked: bool = False,
+    ) -> None:
+        self.default = default
+        self.check = check
+        self.field = field
+        self.__doc__ = doc
+        self.reads_checked = reads_checked  # the getter returns the checked value, not the raw
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, config: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, config: DedupConfig, owner: type) -> T: ...
+
+    def __get__(self, config: Optional[DedupConfig], owner: type) -> Union[T, Setting[T]]:
+        if config is None:
+            return self
+        value: T = config._values[self.name]
+        return value
+
+    def __set__(self, config: DedupConfig, value: T) -> None:
+        used = self.check(self.name, value)
+        config._values[self.name] = used if self.reads_checked else value
+        config._used[self.field] = used
+        config._snapshot = None
+
+
+# -- checks: each validates a value and returns what the listener uses ---------------------------
+
+
+def _duration(unit_ms: int, zero: bool = False) -> Callable[[str, Any], int]:
+    """A number of ``unit_ms`` units, positive (or zero with ``zero``), finite, at most 100
+    years; as whole milliseconds (at least 1 unless zero)."""
+
+    def check(name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DedupConfigError(f"{name} must be a number; got {value!r}")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            bound = "zero or more" if zero else "positive"
+            raise DedupConfigError(f"{name} must be {bound} and finite; got {value!r}")
+        if value * unit_ms > MAX_DURATION_MS:
+            raise DedupConfigError(
+                f"{name} must be at most {MAX_DURATION_MS // unit_ms:,} (100 years); got {value!r}"
+            )
+        return 0 if value == 0 else max(1, round(value * unit_ms))
+
+    return check
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise DedupConfigError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def check(name: str, value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise DedupConfigError(
+                f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}"
+            )
+        return value
+
+    return check
+
+
+def _policy(name: str, value: Any) -> StoreFailurePolicy:
+    try:
+        return StoreFailurePolicy(value)
+    except ValueError:
+        choices = ", ".join(repr(p.value) for p in StoreFailurePolicy)
+        raise DedupConfigError(f"{name} must be one of {choices}; got {value!r}") from None
+
+
+def _metrics(name: str, value: Any) -> Optional[DedupMetrics]:
+    if value is not None and not all(
+        callable(getattr(value, method, None)) for method in _METRICS_METHODS
+    ):
+        raise DedupConfigError(
+            f"{name} must be None or a rocketmq_dedup.metrics.DedupMetrics (methods "
+            f"{', '.join(_METRICS_METHODS)}); got {type(value).__qualname__}"
+        )
+    return value  # type: ignore[no-any-return]
+
+
+def _bigint(name: str, value: Any) -> int:
+    if type(value) is not int or not fits_bigint(value):
+        raise DedupConfigError(f"{name} must be an int (a signed 64-bit number); got {value!r}")
+    return value
+
+
+def _retries(name: str, value: Any) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_LOCAL_RETRIES:
+        raise DedupConfigError(
+            f"{name} must be an int from 0 to {MAX_LOCAL_RETRIES}; got {value!r}"
+        )
+    return value
+
+
+def _reject(name: str, value: Any) -> bool:
+    return _one_of(PAYLOAD_MISMATCH_ACTIONS)(name, value) == "reject"
 
 
 class DedupConfig:
     """Dedup settings of one application (one consumer group, usually).
 
     Build it with :meth:`enable_dedup_consume_config` or :meth:`disable_dedup_consume_config`,
-    as in the Java original. Every setting is validated when it is set (at construction, or
-    later by assignment, the Java setters), so a bad value never reaches a message.
-
-    Settings (also keywords of the constructor and of the factories):
-
-    * ``dedup_processing_expire_milli_seconds`` - the CONSUMING lease in ms (default 60 000):
-      a duplicate arriving while a handler runs is retried later; after the lease lapses a
-      duplicate may run (dedup never blocks forever).
-    * ``dedup_record_reserve_minutes`` - how long a CONSUMED record is kept (default 1440).
-    * ``store_failure_policy`` - ``"consume"`` (default: run the handler without dedup and log a
-      warning) or ``"reconsume_later"`` (leave the message to the broker's retry).
-    * ``lease_renewal`` - ``True`` (default) or ``False``: renew the leases of handlers still
-      running, every third of a lease (see :mod:`rocketmq_dedup.lease`), for at most
-      ``max_processing_milli_seconds`` after the claim (default 900 000: RocketMQ's consume
-      timeout). A crashed consumer renews nothing: its claims lapse one lease later.
-    * ``metrics`` - None (default: no metrics call at all) or a
-      :class:`~rocketmq_dedup.metrics.DedupMetrics`, e.g.
-      :class:`~rocketmq_dedup.metrics.PrometheusMetrics`.
-    * ``sequence_mode`` - ``"strict"`` (default) or ``"latest"``, and ``sequence_start`` - the
-      sequence number an entity never seen expects (an int, default 1): the sequence guard of
-      :class:`~rocketmq_dedup.transactional.TransactionalDedupListener`; ignored by the plain
-      listener.
-
-    Durations are positive, finite and at most 100 years (:data:`MAX_DURATION_MS`).
+    as in the Java original; every setting below is a keyword of both and of the constructor,
+    and an attribute that may be assigned later (validated when set). :meth:`settings` lists
+    them with their defaults.
     """
+
+    dedup_processing_expire_milli_seconds = Setting[float](
+        DEFAULT_PROCESSING_EXPIRE_MILLI_SECONDS,
+        _duration(1),
+        "lease_ms",
+        "The CONSUMING lease in ms: a duplicate arriving while a handler runs is retried "
+        "later; after the lease lapses a duplicate may run (dedup never blocks forever).",
+    )
+    dedup_record_reserve_minutes = Setting[float](
+        DEFAULT_RECORD_RESERVE_MINUTES,
+        _duration(60_000),
+        "retention_ms",
+        "How long a CONSUMED record is kept, in minutes.",
+    )
+    store_failure_policy = Setting[Union[str, StoreFailurePolicy]](
+        StoreFailurePolicy.CONSUME,
+        _policy,
+        "store_failure_policy",
+        "What a message gets when the store is unavailable: 'consume' (run the handler "
+        "without dedup, a warning logged) or 'reconsume_later' (leave it to the broker's "
+        "retry).",
+        reads_checked=True,
+    )
+    lease_renewal = Setting[bool](
+        True,
+        _flag,
+        "lease_renewal",
+        "Renew the leases of handlers still running, every third of a lease, for at most "
+        "max_processing_milli_seconds after the claim. A crashed consumer renews nothing: "
+        "its claims lapse one lease later.",
+    )
+    max_processing_milli_seconds = Setting[float](
+        DEFAULT_MAX_PROCESSING_MILLI_SECONDS,
+        _duration(1),
+        "max_processing_ms",
+        "No lease renewal past this long after the claim, in ms (RocketMQ's consume "
+        "timeout, 15 minutes, by default).",
+    )
+    metrics = Setting[Optional[DedupMetrics]](
+        None,
+        _metrics,
+        "metrics",
+        "Where decisions and timings are reported: None (no metrics call at all) or a "
+        "rocketmq_dedup.metrics.DedupMetrics, e.g. PrometheusMetrics.",
+    )
+    payload_mismatch = Setting[str](
+        "warn",
+        _reject,
+        "reject_payload_mismatch",
+        "What a duplicate key whose payload fingerprint differs from the first copy's gets "
+        "(listeners that define payload_fingerprint): 'warn' (logged and counted, then "
+        "answered as the duplicate it claims to be) or 'reject' (also RECONSUME_LATER, so it "
+        "ends in the DLQ for a human to look at).",
+    )
+    in_progress_wait_milli_seconds = Setting[float](
+        0,
+        _duration(1, zero=True),
+        "in_progress_wait_ms",
+        "A duplicate whose twin is in its handler in this same process waits up to this "
+        "long (ms) for the twin's outcome and is answered from it (acked if the twin "
+        "succeeded), instead of going back to the broker with RECONSUME_LATER; 0 (the "
+        "default) does not wait.",
+    )
+    local_retries = Setting[int](
+        0,
+        _retries,
+        "local_retries",
+        "How many more times a failed handler runs in place (the claim still held) before "
+        "the message is answered RECONSUME_LATER; 0 (the default) leaves every retry to the "
+        "broker.",
+    )
+    local_retry_backoff_milli_seconds = Setting[float](
+        100,
+        _duration(1),
+        "local_retry_backoff_ms",
+        "The wait before the first local retry, in ms; each next one waits twice as long.",
+    )
+    exactly_once_claim = Setting[str](
+        "at_commit",
+        _one_of(EXACTLY_ONCE_CLAIMS),
+        "exactly_once_claim",
+        "When TransactionalDedupListener claims a key: 'at_commit' (the record is written "
+        "with the COMMIT, no round trip before the handler) or 'before_handler' (a named "
+        "lock and a look-up before the handler: a duplicate from any consumer is answered "
+        "at once). Ignored by the plain listener.",
+    )
+    sequence_mode = Setting[str](
+        "strict",
+        _one_of(SEQUENCE_MODES),
+        "sequence_mode",
+        "The sequence guard's rule (TransactionalDedupListener.sequence_key): 'strict' "
+        "(apply in order, wait for gaps) or 'latest' (apply anything newer, skip the rest).",
+    )
+    sequence_start = Setting[int](
+        1,
+        _bigint,
+        "sequence_start",
+        "The sequence number an entity never seen expects under 'strict' (a signed 64-bit int).",
+    )
 
     def __init__(
         self,
@@ -77,15 +306,7 @@ class DedupConfig:
         persist: Optional[DedupStore] = None,
         *,
         enabled: bool = True,
-        dedup_processing_expire_milli_seconds: float = DEFAULT_PROCESSING_EXPIRE_MILLI_SECONDS,
-        dedup_record_reserve_minutes: float = DEFAULT_RECORD_RESERVE_MINUTES,
-        store_failure_policy: Union[str, StoreFailurePolicy] = StoreFailurePolicy.CONSUME,
-        lease_renewal: bool = True,
-        max_processing_milli_seconds: float = DEFAULT_MAX_PROCESSING_MILLI_SECONDS,
-        metrics: Optional[DedupMetrics] = None,
-        sequence_mode: str = "strict",
-        payload_mismatch: str = "warn",
-        sequence_start: int = 1,
+        **settings: Any,
     ) -> None:
         if not isinstance(application_name, str) or not application_name:
             raise DedupConfigError("application_name must be a non-empty string")
@@ -99,18 +320,23 @@ class DedupConfig:
                 f"persist must be a DedupStore; got {type(persist).__qualname__} (pass clients "
                 "to DedupConfig.enable_dedup_consume_config, which builds the store)"
             )
+        unknown = set(settings) - set(_SETTINGS)
+        if unknown:
+            raise DedupConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        self._values: Dict[str, Any] = {}
+        self._used: Dict[str, Any] = {}
+        self._snapshot: Optional[Snapshot] = None
         self.application_name = application_name
         self.persist = persist if enabled else None
         self.enabled = bool(enabled)
-        self.dedup_processing_expire_milli_seconds = dedup_processing_expire_milli_seconds
-        self.dedup_record_reserve_minutes = dedup_record_reserve_minutes
-        self.store_failure_policy = store_failure_policy
-        self.lease_renewal = lease_renewal
-        self.max_processing_milli_seconds = max_processing_milli_seconds
-        self.metrics = metrics
-        self.sequence_mode = sequence_mode
-        self.payload_mismatch = payload_mismatch
-        self.sequence_start = sequence_start
+        for name, setting in _SETTINGS.items():
+            setattr(self, name, settings.get(name, setting.default))
+
+    @classmethod
+    def settings(cls) -> Dict[str, Any]:
+        """Every setting's name and default (the keywords the constructor and the factories
+        take, besides the stores' own options)."""
+        return {name: setting.default for name, setting in _SETTINGS.items()}
 
     # -- factories (the Java names) ------------------------------------------------------
 
@@ -122,39 +348,62 @@ class DedupConfig:
 
         :param client: a ``redis.Redis`` / ``redis.RedisCluster`` (also from a Sentinel's
             ``master_for``); a zero-argument callable returning a new MySQL DB-API connection
-            (e.g. ``functools.partial(MySQLdb.connect, ...)``); or a store object (a
-            :class:`DedupStore`, or any object with ``claim``, ``mark_consumed`` and
-            ``release``).
+            (e.g. ``functools.partial(MySQLdb.connect, ...)``); a SQLAlchemy ``Engine``; or a
+            store object (a :class:`DedupStore`, or any object with ``claim``,
+            ``mark_consumed`` and ``release``).
         :param check_store: reach the store once now (Redis ``PING``; MySQL connect and
             ``SELECT 1``) and raise :class:`DedupConfigError` naming its address if that fails,
             so a wrong address is found at start-up. ``False`` starts without the store (the
             ``store_failure_policy`` then applies per message until it is reachable).
-        :param options: the settings above, plus the store's: ``table_name`` and ``pool_size``
-            (MySQL), ``key_prefix`` (Redis).
+        :param options: the settings (:meth:`settings`), plus the store's: ``table_name``,
+            ``pool_size`` and ``pool_timeout`` (MySQL), ``key_prefix`` (Redis).
         """
-        unknown = set(options) - _SETTINGS - STORE_OPTIONS
+        unknown = set(options) - set(_SETTINGS) - STORE_OPTIONS
         if unknown:
             raise DedupConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
-        if not isinstance(check_store, bool):
-            raise DedupConfigError(f"check_store must be True or False; got {check_store!r}")
-        store_options = {k: v for k, v in options.items() if k in STORE_OPTIONS}
-        store = make_store(client, **store_options)
+        _flag("check_store", check_store)
+        store = make_store(client, **{k: v for k, v in options.items() if k in STORE_OPTIONS})
         settings = {k: v for k, v in options.items() if k in _SETTINGS}
         config = cls(application_name, store, **settings)  # settings fail before any I/O
         if check_store:
-            try:
-                store.check()
-            except StoreError as exc:
-                raise DedupConfigError(
-                    f"the dedup store {store.describe()} is not usable: {exc.__cause__ or exc}; "
-                    "fix the address, or pass check_store=False to start without it"
-                ) from exc
+            check_reachable(store)
         return config
 
     @classmethod
     def disable_dedup_consume_config(cls, application_name: str) -> DedupConfig:
         """Dedup off: every message goes to the handler, no store I/O."""
         return cls(application_name, None, enabled=False)
+
+    # -- what the listener reads ---------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The settings as the listener uses them, built once per change of a setting."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            used = self._used
+            hold_ms = used["max_processing_ms"] if used["lease_renewal"] else used["lease_ms"]
+            snapshot = self._snapshot = Snapshot(
+                application_name=self.application_name,
+                store=self.persist,
+                hold_ms=hold_ms,
+                **used,
+            )
+        return snapshot
+
+    @property
+    def lease_ms(self) -> int:
+        """``dedup_processing_expire_milli_seconds`` in whole milliseconds."""
+        return self.snapshot().lease_ms
+
+    @property
+    def retention_ms(self) -> int:
+        """``dedup_record_reserve_minutes`` in whole milliseconds."""
+        return self.snapshot().retention_ms
+
+    @property
+    def max_processing_ms(self) -> int:
+        """``max_processing_milli_seconds`` in whole milliseconds."""
+        return self.snapshot().max_processing_ms
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -170,160 +419,17 @@ class DedupConfig:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- validated settings --------------------------------------------------------------
-
-    @property
-    def dedup_processing_expire_milli_seconds(self) -> float:
-        """The CONSUMING lease, in milliseconds."""
-        return self._lease_setting
-
-    @dedup_processing_expire_milli_seconds.setter
-    def dedup_processing_expire_milli_seconds(self, value: float) -> None:
-        self._lease_ms = _duration_ms("dedup_processing_expire_milli_seconds", value, 1)
-        self._lease_setting = value
-
-    @property
-    def dedup_record_reserve_minutes(self) -> float:
-        """How long a CONSUMED record is kept, in minutes."""
-        return self._retention_setting
-
-    @dedup_record_reserve_minutes.setter
-    def dedup_record_reserve_minutes(self, value: float) -> None:
-        self._retention_ms = _duration_ms("dedup_record_reserve_minutes", value, 60_000)
-        self._retention_setting = value
-
-    @property
-    def max_processing_milli_seconds(self) -> float:
-        """No lease renewal past this long after the claim, in milliseconds."""
-        return self._max_processing_setting
-
-    @max_processing_milli_seconds.setter
-    def max_processing_milli_seconds(self, value: float) -> None:
-        self._max_processing_ms = _duration_ms("max_processing_milli_seconds", value, 1)
-        self._max_processing_setting = value
-
-    @property
-    def lease_renewal(self) -> bool:
-        """Whether the leases of running handlers are renewed."""
-        return self._lease_renewal
-
-    @lease_renewal.setter
-    def lease_renewal(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise DedupConfigError(f"lease_renewal must be True or False; got {value!r}")
-        self._lease_renewal = value
-
-    @property
-    def metrics(self) -> Optional[DedupMetrics]:
-        """Where decisions and timings are reported (None: nowhere)."""
-        return self._metrics
-
-    @metrics.setter
-    def metrics(self, value: Optional[DedupMetrics]) -> None:
-        if value is not None and not all(
-            callable(getattr(value, name, None)) for name in _METRICS_METHODS
-        ):
-            raise DedupConfigError(
-                f"metrics must be None or a rocketmq_dedup.metrics.DedupMetrics (methods "
-                f"{', '.join(_METRICS_METHODS)}); got {type(value).__qualname__}"
-            )
-        self._metrics = value
-
-    @property
-    def sequence_mode(self) -> str:
-        """The sequence guard's rule: ``"strict"`` (apply in order, wait for gaps) or
-        ``"latest"`` (apply anything newer, skip the rest)."""
-        return self._sequence_mode
-
-    @sequence_mode.setter
-    def sequence_mode(self, value: str) -> None:
-        if value not in SEQUENCE_MODES or not isinstance(value, str):
-            raise DedupConfigError(
-                f"sequence_mode must be one of {', '.join(map(repr, SEQUENCE_MODES))}; "
-                f"got {value!r}"
-            )
-        self._sequence_mode = value
-
-    @property
-    def payload_mismatch(self) -> str:
-        """What a duplicate key whose payload fingerprint differs from the first copy's gets
-        (listeners that define ``payload_fingerprint``): ``"warn"`` (logged and counted, then
-        answered as the duplicate it claims to be) or ``"reject"`` (also RECONSUME_LATER, so
-        it ends in the DLQ for a human to look at)."""
-        return self._payload_mismatch
-
-    @payload_mismatch.setter
-    def payload_mismatch(self, value: str) -> None:
-        if not isinstance(value, str) or value not in PAYLOAD_MISMATCH_ACTIONS:
-            raise DedupConfigError(
-                f"payload_mismatch must be one of {', '.join(map(repr, PAYLOAD_MISMATCH_ACTIONS))}"
-                f"; got {value!r}"
-            )
-        self._payload_mismatch = value
-
-    @property
-    def sequence_start(self) -> int:
-        """The sequence number an entity never seen expects under ``"strict"``."""
-        return self._sequence_start
-
-    @sequence_start.setter
-    def sequence_start(self, value: int) -> None:
-        if type(value) is not int or not -_BIGINT < value < _BIGINT:
-            raise DedupConfigError(
-                f"sequence_start must be an int (a signed 64-bit number); got {value!r}"
-            )
-        self._sequence_start = value
-
-    @property
-    def store_failure_policy(self) -> StoreFailurePolicy:
-        """What a message gets when the store is unavailable."""
-        return self._policy
-
-    @store_failure_policy.setter
-    def store_failure_policy(self, value: Union[str, StoreFailurePolicy]) -> None:
-        try:
-            self._policy = StoreFailurePolicy(value)
-        except ValueError:
-            choices = ", ".join(repr(p.value) for p in StoreFailurePolicy)
-            raise DedupConfigError(
-                f"store_failure_policy must be one of {choices}; got {value!r}"
-            ) from None
-
-    # The settings in whole milliseconds, as the stores take them (read on every message, so
-    # a setting assigned later applies to the next message).
-
-    @property
-    def lease_ms(self) -> int:
-        """``dedup_processing_expire_milli_seconds`` in whole milliseconds."""
-        return self._lease_ms
-
-    @property
-    def retention_ms(self) -> int:
-        """``dedup_record_reserve_minutes`` in whole milliseconds."""
-        return self._retention_ms
-
-    @property
-    def max_processing_ms(self) -> int:
-        """``max_processing_milli_seconds`` in whole milliseconds."""
-        return self._max_processing_ms
-
     def __repr__(self) -> str:
+        snap = self.snapshot()
         store = self.persist.describe() if self.persist is not None else None
         return (
             f"DedupConfig(application_name={self.application_name!r}, enabled={self.enabled}, "
-            f"persist={store!r}, lease_ms={self._lease_ms}, retention_ms={self._retention_ms}, "
-            f"store_failure_policy={self._policy.value!r})"
+            f"persist={store!r}, lease_ms={snap.lease_ms}, retention_ms={snap.retention_ms}, "
+            f"store_failure_policy={snap.store_failure_policy.value!r})"
         )
 
 
-def _duration_ms(name: str, value: Any, unit_ms: int) -> int:
-    """``value`` (in units of ``unit_ms``) as whole milliseconds, validated."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DedupConfigError(f"{name} must be a number; got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise DedupConfigError(f"{name} must be positive and finite; got {value!r}")
-    if value * unit_ms > MAX_DURATION_MS:
-        raise DedupConfigError(
-            f"{name} must be at most {MAX_DURATION_MS // unit_ms:,} (100 years); got {value!r}"
-        )
-    return max(1, round(value * unit_ms))
+#: Every setting, by name, in declaration order.
+_SETTINGS: Dict[str, Setting[Any]] = {
+    name: value for name, value in vars(DedupConfig).items() if isinstance(value, Setting)
+}

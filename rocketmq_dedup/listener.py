@@ -9,15 +9,10 @@ from typing import Any, Callable, Iterable, List, Optional, TypeVar
 
 from rocketmq_dedup._threads import keep_thread_state
 from rocketmq_dedup.config import DedupConfig
+from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.message import message_id
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
-from rocketmq_dedup.strategy import (
-    BatchResult,
-    DedupStrategy,
-    DuplicateHook,
-    Strategy,
-    make_strategy,
-)
+from rocketmq_dedup.strategy import BatchResult, Strategy, make_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +29,9 @@ class BaseDedupListener(abc.ABC):
     raises (an exception escaping a ctypes callback would ack the message). For the 5.x client
     use :mod:`rocketmq_dedup.adapters.grpc`.
 
+    The listener's methods (``do_handle_msg``, ``dedup_message_key`` and the optional hooks)
+    are read once, when it is made: override them in the subclass.
+
     :param dedup_config: where and how to dedup; None disables dedup (as in the Java original).
     """
 
@@ -42,21 +40,29 @@ class BaseDedupListener(abc.ABC):
 
     def __init__(self, dedup_config: Optional[DedupConfig] = None) -> None:
         self.dedup_config = dedup_config
-        hook = self.on_duplicate
-        overridden = type(self).on_duplicate is not BaseDedupListener.on_duplicate
-        self._strategy = self._make_strategy(dedup_config, hook if overridden else None)
-        fingerprints = type(self).payload_fingerprint is not BaseDedupListener.payload_fingerprint
-        if fingerprints and isinstance(self._strategy, DedupStrategy):
-            self._strategy.payload_fingerprint = self.payload_fingerprint
+        self._strategy = self._make_strategy(dedup_config, self._hooks())
         if dedup_config is None:
             logger.info("%s has no DedupConfig: dedup is disabled", type(self).__name__)
 
-    def _make_strategy(
-        self, dedup_config: Optional[DedupConfig], on_duplicate: Optional[DuplicateHook]
-    ) -> Strategy:
+    def _hooks(self) -> Hooks:
+        """This listener's methods for its strategy, bound once: the optional ones only when
+        the listener's class overrides them (else the strategy skips their work)."""
+        return Hooks(
+            key_of=self.dedup_message_key,
+            handle=self.do_handle_msg,
+            on_duplicate=self.on_duplicate if self._overrides("on_duplicate") else None,
+            payload_of=(
+                self.payload_fingerprint if self._overrides("payload_fingerprint") else None
+            ),
+        )
+
+    def _overrides(self, name: str) -> bool:
+        return getattr(type(self), name) is not getattr(BaseDedupListener, name, None)
+
+    def _make_strategy(self, dedup_config: Optional[DedupConfig], hooks: Hooks) -> Strategy:
         """The strategy the entry points run (a hook for listeners with another mode, e.g.
         :class:`~rocketmq_dedup.transactional.TransactionalDedupListener`)."""
-        return make_strategy(dedup_config, on_duplicate)
+        return make_strategy(dedup_config, hooks)
 
     def dedup_message_key(self, msg: Any) -> Any:
         """The dedup key of ``msg``: the ``UNIQ_KEY`` property, else the message id.
@@ -89,9 +95,7 @@ class BaseDedupListener(abc.ABC):
         """Consume one message; never raises into a client's callback (see :meth:`close`)."""
         keep_thread_state()  # a native callback thread keeps its Python state (_threads)
         try:
-            return self._strategy.consume_each((msg,), self.dedup_message_key, self.do_handle_msg)[
-                0
-            ]
+            return self._strategy.consume_one(msg)
         except BaseException as exc:
             _contain(exc, "the message")
             return ConsumeStatus.RECONSUME_LATER
@@ -106,7 +110,7 @@ class BaseDedupListener(abc.ABC):
         index of the consumed prefix (-1 if none). Never raises.
         """
         try:
-            return self._strategy.consume_batch(msgs, self.dedup_message_key, self.do_handle_msg)
+            return self._strategy.consume_batch(msgs)
         except BaseException as exc:
             _contain(exc, "the batch")
             return BatchResult(ConsumeStatus.RECONSUME_LATER, -1)
@@ -122,7 +126,7 @@ class BaseDedupListener(abc.ABC):
         batch: List[Any] = []
         try:
             batch = list(msgs)
-            return self._strategy.consume_each(batch, self.dedup_message_key, self.do_handle_msg)
+            return self._strategy.consume(batch)
         except BaseException as exc:
             _contain(exc, "the batch")
             return [ConsumeStatus.RECONSUME_LATER] * len(batch)

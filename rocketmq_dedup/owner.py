@@ -35,7 +35,7 @@ class _OwnerTokens:
 new_owner_token = _OwnerTokens()
 
 
-def payload_fingerprint(payload: bytes) -> str:
+def fingerprint_of(payload: bytes) -> str:
     """The fingerprint of a payload: 64 bits of its SHA-256, in hex."""
     return hashlib.sha256(payload).hexdigest()[:16]
 
@@ -45,7 +45,7 @@ def with_fingerprint(owner: str, print_: str) -> str:
     return f"{owner}#{print_}"
 
 
-def fingerprint(owner: Optional[str]) -> Optional[str]:
+def fingerprint_in(owner: Optional[str]) -> Optional[str]:
     """The payload fingerprint a token carries, or None."""
     if not owner:
         return None

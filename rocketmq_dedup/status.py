@@ -1,4 +1,6 @@
-"""Enumerations shared by the listener, the strategy and the stores."""
+"""The vocabulary of decisions: what a listener answers the broker, what a record says, what a
+message's decision was, what a store outage does. Shared by the listener, the strategies, the
+stores and the metrics."""
 
 from __future__ import annotations
 
@@ -28,3 +30,36 @@ class StoreFailurePolicy(enum.StrEnum):
     """Run the handler without dedup (at-least-once; a warning is logged). The default."""
     RECONSUME_LATER = "reconsume_later"
     """Answer RECONSUME_LATER and leave the message to the broker's retry."""
+
+
+class Outcome(enum.StrEnum):
+    """What the listener decided for one message: the decision vocabulary of the strategies, and
+    the ``outcome`` label of the metrics."""
+
+    CONSUMED = "consumed"
+    """Claimed; the handler ran and succeeded; recorded CONSUMED."""
+    FAILED = "failed"
+    """Claimed; the handler asked for a retry or raised; the claim was released."""
+    DUPLICATE_CONSUMED = "duplicate_consumed"
+    """A duplicate of a CONSUMED message: acked without the handler (in the exactly-once mode
+    also a stale sequence step, and a copy whose commit found the record of another)."""
+    DUPLICATE_IN_PROGRESS = "duplicate_in_progress"
+    """A duplicate of a message still in its handler: RECONSUME_LATER without the handler."""
+    SEQUENCE_GAP = "sequence_gap"
+    """Exactly-once mode, ``sequence_mode="strict"``: a step ahead of its entity's next one;
+    RECONSUME_LATER without the handler (the broker brings it back once the gap is filled)."""
+    NO_KEY = "no_key"
+    """The dedup key was None or "": the handler ran without dedup."""
+    KEY_ERROR = "key_error"
+    """``dedup_message_key`` (or ``payload_fingerprint``, ``sequence_key``) raised or returned a
+    refused value: RECONSUME_LATER."""
+    STORE_ERROR_CONSUMED = "store_error_consumed"
+    """The store was unavailable (or held a record it cannot read) and the policy is
+    ``consume``: the handler ran without dedup."""
+    STORE_ERROR_LATER = "store_error_later"
+    """The store was unavailable under the ``reconsume_later`` policy, or failed with a defect:
+    RECONSUME_LATER."""
+    PAYLOAD_MISMATCH = "payload_mismatch"
+    """A duplicate key whose payload fingerprint differs from the first copy's: answered as the
+    duplicate it claims to be with ``payload_mismatch="warn"`` (the default), RECONSUME_LATER
+    with ``"reject"`` (it ends in the DLQ for a human to look at)."""

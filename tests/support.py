@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from rocketmq_dedup.stores.base import Claim
 
 REDIS_URL = os.environ.get("DEDUP_REDIS_URL", "redis://127.0.0.1:16379/0")
 REDIS_CLUSTER_URL = os.environ.get("DEDUP_REDIS_CLUSTER_URL", "redis://127.0.0.1:17000/0")
@@ -110,16 +112,16 @@ class DuckStore:
         self._records = MemoryDedupStore()
 
     def claim(self, element: Any, owner: str, lease_ms: int) -> Any:
-        return self._records.claim(element, owner, lease_ms)
+        return self._records.claim(Claim(element, owner), lease_ms)
 
     def mark_consumed(self, element: Any, owner: str, retention_ms: int) -> None:
-        self._records.mark_consumed(element, owner, retention_ms)
+        self._records.mark_consumed(Claim(element, owner), retention_ms)
 
     def release(self, element: Any, owner: str) -> bool:
-        return self._records.release(element, owner)
+        return self._records.release(Claim(element, owner))
 
     def renew(self, element: Any, owner: str, lease_ms: int) -> bool:
-        return self._records.renew_many([element], [owner], lease_ms)[0]
+        return self._records.renew_many([Claim(element, owner)], lease_ms)[0]
 
     def get_status(self, element: Any) -> Any:
         return self._records.get_status(element)
@@ -128,6 +130,11 @@ class DuckStore:
 def outcome(result: Any) -> Any:
     """A claim result without its holder: what a claim decided."""
     return (result.claimed, result.status)
+
+
+def claims(elements: Sequence[Any], owners: Sequence[str]) -> List[Claim]:
+    """Claims of ``elements`` by ``owners`` (pairwise)."""
+    return [Claim(e, o) for e, o in zip(elements, owners, strict=True)]
 
 
 def prometheus_value(registry: Any, name: str, **labels: str) -> Optional[float]:

@@ -7,7 +7,7 @@ with an undefined status (observed: the message is acked and lost).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any
 
 
 def set_name_server(client: Any, address: str) -> None:
@@ -19,15 +19,3 @@ def set_name_server(client: Any, address: str) -> None:
             setter(address)
             return
     raise TypeError(f"{type(client).__name__} has no name-server setter")
-
-
-def subscribe_all(
-    consumer: Any, subscriptions: Mapping[str, str], listener: Callable[[Any], Any]
-) -> None:
-    """Subscribe ``listener`` to every ``{topic: tag expression}``.
-
-    The classic client keeps one callback per consumer (the last one subscribed receives the
-    messages of every topic), so all topics of a consumer must share one listener.
-    """
-    for topic, expression in subscriptions.items():
-        consumer.subscribe(topic, listener, expression)

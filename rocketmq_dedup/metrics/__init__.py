@@ -16,36 +16,11 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
+from rocketmq_dedup.status import Outcome
+
 if TYPE_CHECKING:  # the implementations import their extras; load them only when used
     from rocketmq_dedup.metrics._otel import OpenTelemetryMetrics
     from rocketmq_dedup.metrics._prometheus import PrometheusMetrics
-
-
-class Outcome(enum.StrEnum):
-    """What the listener did with one message (the ``outcome`` label)."""
-
-    CONSUMED = "consumed"
-    """Claimed; the handler ran and succeeded; marked CONSUMED."""
-    FAILED = "failed"
-    """Claimed; the handler asked for a retry or raised; the claim was released."""
-    DUPLICATE_CONSUMED = "duplicate_consumed"
-    """A duplicate of a CONSUMED message: acked without the handler."""
-    DUPLICATE_IN_PROGRESS = "duplicate_in_progress"
-    """A duplicate of a message still in its handler: RECONSUME_LATER without the handler."""
-    NO_KEY = "no_key"
-    """The dedup key was None or "": the handler ran without dedup."""
-    KEY_ERROR = "key_error"
-    """``dedup_message_key`` raised or returned a refused key: RECONSUME_LATER."""
-    STORE_ERROR_CONSUMED = "store_error_consumed"
-    """The store was unavailable (or held a record it cannot read) and the policy is
-    ``consume``: the handler ran without dedup."""
-    STORE_ERROR_LATER = "store_error_later"
-    """The store was unavailable under the ``reconsume_later`` policy, or failed with a defect:
-    RECONSUME_LATER."""
-    PAYLOAD_MISMATCH = "payload_mismatch"
-    """A duplicate key whose payload fingerprint differs from the first copy's: answered as the
-    duplicate it claims to be with ``payload_mismatch="warn"`` (the default), RECONSUME_LATER
-    with ``"reject"`` (it ends in the DLQ for a human to look at)."""
 
 
 class StoreOp(enum.StrEnum):
@@ -55,6 +30,10 @@ class StoreOp(enum.StrEnum):
     MARK_CONSUMED = "mark_consumed"
     RELEASE = "release"
     RENEW = "renew"
+    LOOKUP = "lookup"
+    """Exactly-once mode: reading records (a redelivery's look-up, a refused commit's record)."""
+    COMMIT = "commit"
+    """Exactly-once mode: the dedup record's INSERT with the transaction's COMMIT."""
 
 
 class Decision(NamedTuple):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rocketmq_dedup.errors import DedupConfigError
-from rocketmq_dedup.stores.base import ClaimResult, DedupStore
+from rocketmq_dedup.errors import DedupConfigError, StoreError
+from rocketmq_dedup.stores.base import Claim, ClaimResult, DedupStore, Record
 from rocketmq_dedup.stores.foreign import ForeignStore, looks_like_store
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
@@ -76,12 +76,28 @@ def make_store(client: Any, **options: Any) -> DedupStore:
     return store
 
 
+def check_reachable(store: DedupStore) -> None:
+    """Reach ``store`` once (Redis ``PING``; MySQL connect and ``SELECT 1``); raise
+    :class:`DedupConfigError` naming its address if that fails, so a wrong address is found at
+    start-up, not at the first message."""
+    try:
+        store.check()
+    except StoreError as exc:
+        raise DedupConfigError(
+            f"the dedup store {store.describe()} is not usable: {exc.__cause__ or exc}; "
+            "fix the address, or pass check_store=False to start without it"
+        ) from exc
+
+
 __all__ = [
     "STORE_OPTIONS",
+    "Claim",
     "ClaimResult",
     "DedupStore",
     "MemoryDedupStore",
     "MySQLDedupStore",
+    "Record",
     "RedisDedupStore",
+    "check_reachable",
     "make_store",
 ]

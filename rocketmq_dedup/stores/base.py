@@ -1,19 +1,26 @@
-"""The abstract record store: the I/O the dedup strategy needs, and nothing else.
+"""The abstract record store: the I/O the dedup strategies need, and nothing else.
+
+Its vocabulary: a :class:`Claim` (an element and the owner token of the attempt that claimed it,
+the unit of every claim operation, as redis-py keeps the token with its lock) and a
+:class:`Record` (a live record, whichever way it was read: a claim refused by it, an operator's
+look-up, the exactly-once mode's check).
 
 Decisions (what a status means, what to do on failure) live in :mod:`rocketmq_dedup.strategy`;
 a concrete store only implements the ``do_*`` hooks. The public methods wrap every error once:
 an outage (what :meth:`DedupStore.is_outage` says) becomes
 :class:`~rocketmq_dedup.errors.StoreUnavailableError`, anything else (a missing table, a bug)
-:class:`~rocketmq_dedup.errors.StoreError`, with the original chained as ``__cause__``.
+:class:`~rocketmq_dedup.errors.StoreError`, with the original chained as ``__cause__``; and they
+check that a store answered one result per claim (a store that answers fewer is a defect, never
+a message run without dedup).
 
-Contract every store honours (tested in ``tests/test_store_contract.py``):
+Contract every store honours (tested in ``tests/shared/store_contract.py``):
 
-* ``claim`` is atomic: it either creates a CONSUMING record owned by ``owner`` (or takes over
-  an expired one) and reports ``claimed=True``, or reports the live record's status. There is
-  no window in which a vanished record lets two claimers both win.
+* ``claim`` is atomic: it either creates a CONSUMING record owned by the claim's owner (or takes
+  over an expired one) and reports ``claimed=True``, or reports the live record. There is no
+  window in which a vanished record lets two claimers both win.
 * ``mark_consumed`` always leaves a CONSUMED record that lives ``retention_ms``, whoever owned
   the claim (a success is never lost, and a CONSUMED record is never downgraded).
-* ``release`` deletes the record only if it is still a CONSUMING claim owned by ``owner``;
+* ``release`` deletes the record only if it is still a CONSUMING claim of that owner;
   ``renew_many`` extends a lease under the same condition.
 """
 
@@ -42,30 +49,50 @@ from rocketmq_dedup.status import DedupStatus
 T = TypeVar("T")
 
 
+class Claim(NamedTuple):
+    """One attempt's hold on an element: what a claim creates, and what marking, releasing and
+    renewing it need (the owner token proves the record is still this attempt's)."""
+
+    element: DedupElement
+    owner: str
+    """The attempt's owner token (:mod:`rocketmq_dedup.owner`)."""
+
+
+class Record(NamedTuple):
+    """A live record, as any store reads it (one value for claims, operators and the
+    exactly-once mode, as Powertools' ``DataRecord``)."""
+
+    status: Optional[DedupStatus]
+    """CONSUMING or CONSUMED; None when the store holds a value this library cannot read (e.g.
+    written by another program)."""
+    owner: Optional[str] = None
+    """The owner token of the claim that wrote it, when the store reports it."""
+    expires_in_ms: Optional[int] = None
+    """Time left before the lease or the retention ends; None when unknown or never."""
+    element: Optional[DedupElement] = None
+    """Its element, when read by element or listed (on MySQL a listed record has the readable
+    columns: the first 255 characters of each field)."""
+
+
 class ClaimResult(NamedTuple):
-    """The outcome of a claim."""
+    """The outcome of a claim: claimed, or refused by a live record."""
 
     claimed: bool
     """True when this caller now owns a CONSUMING record for the element."""
-    status: Optional[DedupStatus]
-    """When not claimed: the live record's status (None if the store holds a value it does
-    not understand, e.g. written by another program)."""
-    holder: Optional[str] = None
-    """When not claimed: the owner token that wrote the live record, if the store reports it
-    (the payload check compares fingerprints through it)."""
+    record: Optional[Record] = None
+    """When not claimed: the live record in the way."""
 
+    @property
+    def status(self) -> Optional[DedupStatus]:
+        """CONSUMING when claimed, else the refusing record's status (None: unreadable)."""
+        if self.claimed:
+            return DedupStatus.CONSUMING
+        return self.record.status if self.record is not None else None
 
-class RecordInfo(NamedTuple):
-    """A live record, as an operator sees it (``rocketmq-dedup inspect``/``stats``)."""
-
-    element: DedupElement
-    """Its element; on MySQL the readable columns (the first 255 characters of each field)."""
-    status: Optional[DedupStatus]
-    """None when the store holds a value this library does not understand."""
-    owner: str
-    """The owner token of the claim that wrote it."""
-    expires_in_ms: Optional[int]
-    """Time left before the lease or the retention ends; None when it never expires."""
+    @property
+    def holder(self) -> Optional[str]:
+        """When not claimed: the owner token of the record in the way, if reported."""
+        return self.record.owner if self.record is not None else None
 
 
 class StoreStats(NamedTuple):
@@ -73,7 +100,7 @@ class StoreStats(NamedTuple):
 
     counts: Dict[str, int]
     """Records by status (``CONSUMING``, ``CONSUMED``; ``other`` for unreadable values)."""
-    oldest_claims: List[RecordInfo]
+    oldest_claims: List[Record]
     """CONSUMING records, longest held first (claims made by this library carry their time)."""
 
 
@@ -85,9 +112,9 @@ class Diagnosis(NamedTuple):
     detail: str
 
 
-CLAIMED = ClaimResult(True, DedupStatus.CONSUMING)
-HELD_BY_OTHER = ClaimResult(False, DedupStatus.CONSUMING)
-ALREADY_CONSUMED = ClaimResult(False, DedupStatus.CONSUMED)
+CLAIMED = ClaimResult(True)
+HELD_BY_OTHER = ClaimResult(False, Record(DedupStatus.CONSUMING))
+ALREADY_CONSUMED = ClaimResult(False, Record(DedupStatus.CONSUMED))
 
 
 class DedupStore(abc.ABC):
@@ -96,62 +123,73 @@ class DedupStore(abc.ABC):
     #: Exceptions of the underlying driver that mean "the store is unavailable" (an outage).
     outage_errors: Tuple[Type[BaseException], ...] = ()
 
-    # -- public API: wraps driver errors -------------------------------------------------
-
-    def claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
-        """Atomically claim ``element`` for ``owner`` for ``lease_ms`` milliseconds."""
-        return self._call(self.do_claim, element, owner, lease_ms)
-
-    def claim_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[ClaimResult]:
-        """Claim several elements at once (one result per element, same order)."""
-        if len(elements) == 1:  # stores have cheaper single-element paths
-            return [self._call(self.do_claim, elements[0], owners[0], lease_ms)]
-        if not elements:
-            return []
-        return self._call(self.do_claim_many, elements, owners, lease_ms)
-
-    def mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
-        """Record ``element`` as CONSUMED for ``retention_ms`` milliseconds."""
-        self._call(self.do_mark_consumed, element, owner, retention_ms)
-
-    def mark_consumed_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
-    ) -> None:
-        """Record several elements as CONSUMED at once."""
-        if len(elements) == 1:
-            self._call(self.do_mark_consumed, elements[0], owners[0], retention_ms)
-        elif elements:
-            self._call(self.do_mark_consumed_many, elements, owners, retention_ms)
-
-    def release(self, element: DedupElement, owner: str) -> bool:
-        """Delete ``owner``'s CONSUMING claim; return False if it is no longer ``owner``'s."""
-        return self._call(self.do_release, element, owner)
-
-    def release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        """Release several claims; return how many were still owned and got deleted."""
-        if len(elements) == 1:
-            return int(self._call(self.do_release, elements[0], owners[0]))
-        if not elements:
-            return 0
-        return self._call(self.do_release_many, elements, owners)
-
     #: Whether :meth:`renew_many` works (lease renewal is skipped otherwise).
     supports_renewal = True
 
-    def renew_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[bool]:
+    # -- public API: wraps driver errors, checks the number of results --------------------
+
+    def claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        """Atomically claim ``claim.element`` for ``claim.owner`` for ``lease_ms`` ms."""
+        return self._call(self.do_claim, claim, lease_ms)
+
+    def claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        """Claim several elements at once: one result per claim, in order."""
+        if len(claims) == 1:  # stores have cheaper single-element paths
+            return [self._call(self.do_claim, claims[0], lease_ms)]
+        if not claims:
+            return []
+        return self._one_each(self._call(self.do_claim_many, claims, lease_ms), claims, "claim")
+
+    def mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        """Record the claim's element as CONSUMED for ``retention_ms`` milliseconds."""
+        self._call(self.do_mark_consumed, claim, retention_ms)
+
+    def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        """Record several elements as CONSUMED at once."""
+        if len(claims) == 1:
+            self._call(self.do_mark_consumed, claims[0], retention_ms)
+        elif claims:
+            self._call(self.do_mark_consumed_many, claims, retention_ms)
+
+    def release(self, claim: Claim) -> bool:
+        """Delete the CONSUMING claim; False if it is no longer this owner's."""
+        return bool(self._call(self.do_release, claim))
+
+    def release_many(self, claims: Sequence[Claim]) -> int:
+        """Release several claims; return how many were still owned and got deleted."""
+        if len(claims) == 1:
+            return int(self.release(claims[0]))
+        if not claims:
+            return 0
+        released = int(self._call(self.do_release_many, claims))
+        if not 0 <= released <= len(claims):
+            raise StoreError(
+                f"{self.describe()}: released {released} of {len(claims)} claims (a store defect)"
+            )
+        return released
+
+    def renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
         """Extend each claim still CONSUMING by its owner to ``lease_ms`` from now; return,
         per claim, whether it was still owned."""
-        if not elements:
+        if not claims:
             return []
-        return self._call(self.do_renew_many, elements, owners, lease_ms)
+        return self._one_each(self._call(self.do_renew_many, claims, lease_ms), claims, "renew")
+
+    def read(self, element: DedupElement) -> Optional[Record]:
+        """The live record of ``element``, or None: the one reader (the CLI's ``inspect``,
+        the exactly-once mode's checks, tests)."""
+        return self._call(self.do_read, element)
+
+    def read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
+        """The live records of several elements (one round trip where the store can)."""
+        if len(elements) == 1:
+            return [self.read(elements[0])]
+        return self._one_each(self._call(self.do_read_many, elements), elements, "read")
 
     def get_status(self, element: DedupElement) -> Optional[DedupStatus]:
-        """The live record's status, or None when there is none (for operators and tests)."""
-        return self._call(self.do_get_status, element)
+        """The live record's status, or None when there is none (``read`` for the rest)."""
+        record = self.read(element)
+        return record.status if record is not None else None
 
     def check(self) -> None:
         """One round trip that proves the store is reachable and usable (Redis: PING; MySQL:
@@ -159,10 +197,6 @@ class DedupStore(abc.ABC):
         self._call(self.do_check)
 
     # -- operator API (the CLI) ---------------------------------------------------------
-
-    def inspect(self, element: DedupElement) -> Optional[RecordInfo]:
-        """The live record of ``element``, or None."""
-        return self._call(self.do_inspect, element)
 
     def delete(self, element: DedupElement, force: bool = False) -> Optional[DedupStatus]:
         """Delete the live record of ``element`` if it is CONSUMING (a stuck claim; any owner),
@@ -199,45 +233,53 @@ class DedupStore(abc.ABC):
             kind = StoreUnavailableError if self.is_outage(exc) else StoreError
             raise kind(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
 
+    def _one_each(self, results: List[T], asked: Sequence[Any], op: str) -> List[T]:
+        """``results`` if it has one entry per item ``asked``; else a store defect (never a
+        message left unclaimed and run without dedup)."""
+        try:
+            count = len(results)
+        except TypeError:
+            count = -1
+        if count != len(asked):
+            raise StoreError(
+                f"{self.describe()}: {op} answered {count if count >= 0 else 'no list of'} "
+                f"result(s) for {len(asked)} (a store defect)"
+            )
+        return results
+
     # -- I/O hooks -----------------------------------------------------------------------
     # The single-element hooks default to the batch ones; stores override them when one
     # element can be done cheaper.
 
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
-        return self.do_claim_many([element], [owner], lease_ms)[0]
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        return self._one_each(self.do_claim_many([claim], lease_ms), [claim], "claim")[0]
 
     @abc.abstractmethod
-    def do_claim_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[ClaimResult]: ...
+    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]: ...
 
-    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
-        self.do_mark_consumed_many([element], [owner], retention_ms)
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        self.do_mark_consumed_many([claim], retention_ms)
 
     @abc.abstractmethod
-    def do_mark_consumed_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
-    ) -> None: ...
+    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None: ...
 
-    def do_release(self, element: DedupElement, owner: str) -> bool:
-        return self.do_release_many([element], [owner]) == 1
+    def do_release(self, claim: Claim) -> bool:
+        return self.do_release_many([claim]) == 1
 
     @abc.abstractmethod
-    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int: ...
+    def do_release_many(self, claims: Sequence[Claim]) -> int: ...
 
     @abc.abstractmethod
-    def do_renew_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[bool]: ...
+    def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]: ...
 
     @abc.abstractmethod
-    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]: ...
+    def do_read(self, element: DedupElement) -> Optional[Record]: ...
+
+    def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
+        return [self.do_read(element) for element in elements]
 
     def do_check(self) -> None:  # noqa: B027 - optional hook
         """Prove the store is reachable; the default has nothing to check."""
-
-    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
-        raise NotImplementedError(f"{type(self).__name__} cannot inspect records")
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
         raise NotImplementedError(f"{type(self).__name__} cannot delete records")
@@ -253,30 +295,26 @@ class DedupStore(abc.ABC):
 
 class PerElementStore(DedupStore):
     """A store whose batch hooks loop over its single-element hooks (memory, user stores):
-    implement ``do_claim``, ``do_mark_consumed`` and ``do_release``."""
+    implement ``do_claim``, ``do_mark_consumed``, ``do_release`` and ``do_read``."""
 
     @abc.abstractmethod
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult: ...
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult: ...
 
     @abc.abstractmethod
-    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None: ...
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None: ...
 
     @abc.abstractmethod
-    def do_release(self, element: DedupElement, owner: str) -> bool: ...
+    def do_release(self, claim: Claim) -> bool: ...
 
-    def do_claim_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[ClaimResult]:
-        return [self.do_claim(e, o, lease_ms) for e, o in zip(elements, owners, strict=True)]
+    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        return [self.do_claim(claim, lease_ms) for claim in claims]
 
-    def do_mark_consumed_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
-    ) -> None:
-        for element, owner in zip(elements, owners, strict=True):
-            self.do_mark_consumed(element, owner, retention_ms)
+    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        for claim in claims:
+            self.do_mark_consumed(claim, retention_ms)
 
-    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        return sum(self.do_release(e, o) for e, o in zip(elements, owners, strict=True))
+    def do_release_many(self, claims: Sequence[Claim]) -> int:
+        return sum(bool(self.do_release(claim)) for claim in claims)
 
 
 def round_trip(seconds: float) -> str:
@@ -284,14 +322,14 @@ def round_trip(seconds: float) -> str:
     return f"round trip {seconds * 1000:.2f} ms"
 
 
-def oldest_claims(records: List[RecordInfo], limit: int) -> List[RecordInfo]:
+def oldest_claims(records: List[Record], limit: int) -> List[Record]:
     """The CONSUMING records among ``records``, longest held first (then least time left)."""
     claims = [r for r in records if r.status is DedupStatus.CONSUMING]
-    claims.sort(key=lambda r: (claimed_at(r.owner) or float("inf"), r.expires_in_ms or 0))
+    claims.sort(key=lambda r: (claimed_at(r.owner or "") or float("inf"), r.expires_in_ms or 0))
     return claims[:limit]
 
 
-def count_statuses(records: List[RecordInfo]) -> Dict[str, int]:
+def count_statuses(records: List[Record]) -> Dict[str, int]:
     """Records by status value (``other`` for unreadable ones)."""
     counts: Dict[str, int] = {}
     for record in records:

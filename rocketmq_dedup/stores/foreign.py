@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Sequence
 
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import DedupStatus
-from rocketmq_dedup.stores.base import ClaimResult, PerElementStore
+from rocketmq_dedup.stores.base import Claim, ClaimResult, PerElementStore, Record
 
 _REQUIRED = ("claim", "mark_consumed", "release")
 
@@ -17,10 +17,12 @@ def looks_like_store(obj: object) -> bool:
 
 
 class ForeignStore(PerElementStore):
-    """Forwards to an object with ``claim(element, owner, lease_ms) -> ClaimResult``,
+    """Forwards to an object with ``claim(element, owner, lease_ms)``,
     ``mark_consumed(element, owner, retention_ms)``, ``release(element, owner) -> bool`` and,
     optionally, ``renew(element, owner, lease_ms) -> bool``, ``get_status(element)`` and
-    ``check()``. An outage is what it raises as ``ConnectionError``, ``TimeoutError`` (any
+    ``check()``. ``claim`` answers a :class:`ClaimResult`, or a tuple ``(claimed, status)`` or
+    ``(claimed, status, owner)`` (``status``: the refusing record's :class:`DedupStatus`, None
+    when unreadable). An outage is what it raises as ``ConnectionError``, ``TimeoutError`` (any
     ``OSError``) or :class:`~rocketmq_dedup.errors.StoreUnavailableError`; anything else it
     raises is a defect (the message is retried later, never consumed without dedup)."""
 
@@ -30,27 +32,22 @@ class ForeignStore(PerElementStore):
         self.target = target
         self.supports_renewal = callable(getattr(target, "renew", None))
 
-    def do_renew_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[bool]:
-        return [
-            bool(self.target.renew(e, o, lease_ms)) for e, o in zip(elements, owners, strict=True)
-        ]
+    def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
+        return [bool(self.target.renew(e, o, lease_ms)) for e, o in claims]
 
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
-        result = tuple(self.target.claim(element, owner, lease_ms))
-        holder = result[2] if len(result) > 2 else None  # a ClaimResult, or (claimed, status)
-        return ClaimResult(bool(result[0]), result[1], holder)
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        return claim_result(self.target.claim(claim.element, claim.owner, lease_ms))
 
-    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
-        self.target.mark_consumed(element, owner, retention_ms)
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        self.target.mark_consumed(claim.element, claim.owner, retention_ms)
 
-    def do_release(self, element: DedupElement, owner: str) -> bool:
-        return bool(self.target.release(element, owner))
+    def do_release(self, claim: Claim) -> bool:
+        return bool(self.target.release(claim.element, claim.owner))
 
-    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
+    def do_read(self, element: DedupElement) -> Optional[Record]:
         getter = getattr(self.target, "get_status", None)
-        return getter(element) if callable(getter) else None
+        status = getter(element) if callable(getter) else None
+        return Record(_status(status), element=element) if status is not None else None
 
     def do_check(self) -> None:
         check = getattr(self.target, "check", None)
@@ -59,3 +56,23 @@ class ForeignStore(PerElementStore):
 
     def describe(self) -> str:
         return f"{type(self.target).__module__}.{type(self.target).__qualname__}"
+
+
+def claim_result(answer: Any) -> ClaimResult:
+    """A user store's claim answer as a :class:`ClaimResult`."""
+    if isinstance(answer, ClaimResult):
+        return answer
+    fields = tuple(answer)
+    if bool(fields[0]):
+        return ClaimResult(True)
+    status = fields[1] if len(fields) > 1 else None
+    owner = fields[2] if len(fields) > 2 else None
+    return ClaimResult(False, Record(_status(status), owner))
+
+
+def _status(value: Any) -> Optional[DedupStatus]:
+    """A user store's status as the enum; None (unreadable) for anything else."""
+    try:
+        return DedupStatus(value) if value is not None else None
+    except ValueError:
+        return None

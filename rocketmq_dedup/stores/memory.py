@@ -10,15 +10,16 @@ from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
     CLAIMED,
+    Claim,
     ClaimResult,
     PerElementStore,
-    RecordInfo,
+    Record,
     StoreStats,
     count_statuses,
     oldest_claims,
 )
 
-_Record = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
+_Entry = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
 
 
 #: Expired records are swept when the store has grown by this many records since the last
@@ -36,7 +37,7 @@ class MemoryDedupStore(PerElementStore):
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._records: Dict[DedupElement, _Record] = {}
+        self._records: Dict[DedupElement, _Entry] = {}
         self._lock = threading.Lock()
         self._sweep_at = SWEEP_MIN_GROWTH
 
@@ -57,80 +58,75 @@ class MemoryDedupStore(PerElementStore):
         self._sweep_at = 2 * len(self._records) + SWEEP_MIN_GROWTH
         return len(dead)
 
-    def _live(self, element: DedupElement, now: float) -> Optional[_Record]:
+    def _live(self, element: DedupElement, now: float) -> Optional[_Entry]:
         record = self._records.get(element)
         if record is not None and record[2] <= now:
             del self._records[element]
             return None
         return record
 
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        element = claim.element
         now = self._clock()
         with self._lock:
-            record = self._live(element, now)
-            if record is None:
-                self._records[element] = (DedupStatus.CONSUMING, owner, now + lease_ms / 1000)
+            entry = self._live(element, now)
+            if entry is None:
+                self._records[element] = (DedupStatus.CONSUMING, claim.owner, now + lease_ms / 1000)
                 if len(self._records) >= self._sweep_at:
                     self._sweep(now)
                 return CLAIMED
-        return ClaimResult(False, record[0], record[1])
+        return ClaimResult(False, Record(entry[0], entry[1]))
 
-    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         expires = self._clock() + retention_ms / 1000
         with self._lock:
-            self._records[element] = (DedupStatus.CONSUMED, owner, expires)
+            self._records[claim.element] = (DedupStatus.CONSUMED, claim.owner, expires)
 
-    def do_release(self, element: DedupElement, owner: str) -> bool:
+    def do_release(self, claim: Claim) -> bool:
         with self._lock:
-            record = self._live(element, self._clock())
-            if record is not None and record[0] is DedupStatus.CONSUMING and record[1] == owner:
-                del self._records[element]
+            entry = self._live(claim.element, self._clock())
+            if entry is not None and entry[0] is DedupStatus.CONSUMING and entry[1] == claim.owner:
+                del self._records[claim.element]
                 return True
         return False
 
-    def do_renew_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[bool]:
+    def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
         results = []
         now = self._clock()
         with self._lock:
-            for element, owner in zip(elements, owners, strict=True):
-                record = self._live(element, now)
-                owned = record is not None and record[:2] == (DedupStatus.CONSUMING, owner)
+            for element, owner in claims:
+                entry = self._live(element, now)
+                owned = entry is not None and entry[:2] == (DedupStatus.CONSUMING, owner)
                 if owned:
                     self._records[element] = (DedupStatus.CONSUMING, owner, now + lease_ms / 1000)
                 results.append(owned)
         return results
 
-    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
+    def do_read(self, element: DedupElement) -> Optional[Record]:
+        now = self._clock()
         with self._lock:
-            record = self._live(element, self._clock())
-        return record[0] if record is not None else None
+            entry = self._live(element, now)
+        return self._record(element, entry, now) if entry is not None else None
 
     # -- operator API --------------------------------------------------------------------
 
-    def _info(self, element: DedupElement, record: _Record, now: float) -> RecordInfo:
-        return RecordInfo(element, record[0], record[1], max(0, round((record[2] - now) * 1000)))
-
-    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
-        now = self._clock()
-        with self._lock:
-            record = self._live(element, now)
-        return self._info(element, record, now) if record is not None else None
+    @staticmethod
+    def _record(element: DedupElement, entry: _Entry, now: float) -> Record:
+        return Record(entry[0], entry[1], max(0, round((entry[2] - now) * 1000)), element)
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
         with self._lock:
-            record = self._live(element, self._clock())
-            if record is None or (record[0] is DedupStatus.CONSUMED and not force):
+            entry = self._live(element, self._clock())
+            if entry is None or (entry[0] is DedupStatus.CONSUMED and not force):
                 return None
             del self._records[element]
-        return record[0]
+        return entry[0]
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
         now = self._clock()
         with self._lock:
             records = [
-                self._info(e, r, now)
+                self._record(e, r, now)
                 for e, r in self._records.items()
                 if e.application == application and r[2] > now
             ]

@@ -100,10 +100,14 @@ class EffectTable:
         sql(f"DROP TABLE IF EXISTS {self.name}")
 
 
-def make_config(client: Any, table: str, **options: Any) -> DedupConfig:
+def make_config(
+    client: Any, table: str, application: Optional[str] = None, **options: Any
+) -> DedupConfig:
+    """A config on ``table`` of a new application (or ``application``: another consumer of
+    the same one, with its own store, as another process has)."""
     options.setdefault("pool_size", 24)
     config = DedupConfig.enable_dedup_consume_config(
-        unique("eo-app"), client, table_name=table, **options
+        application or unique("eo-app"), client, table_name=table, **options
     )
     assert isinstance(config.persist, MySQLDedupStore)
     return config

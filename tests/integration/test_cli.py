@@ -13,7 +13,7 @@ import pytest
 
 from rocketmq_dedup import DedupElement, DedupStatus
 from rocketmq_dedup.owner import new_owner_token
-from rocketmq_dedup.stores.base import DedupStore
+from rocketmq_dedup.stores.base import Claim, DedupStore
 from tests.conftest import make_store
 from tests.support import MYSQL, REDIS_URL
 
@@ -82,10 +82,10 @@ def test_inspect_release_and_stats(target: Any, app_name: str) -> None:
         DedupElement(app_name, "T", "TagA", "k1"),
         DedupElement(app_name, "T", "TagA", "k2"),
     )
-    assert store.claim(stuck, new_owner_token(), 60_000).claimed
+    assert store.claim(Claim(stuck, new_owner_token()), 60_000).claimed
     owner = new_owner_token()
-    store.claim(done, owner, 60_000)
-    store.mark_consumed(done, owner, 60_000)
+    store.claim(Claim(done, owner), 60_000)
+    store.mark_consumed(Claim(done, owner), 60_000)
 
     shown = run("inspect", *options, *element_args(app_name, "k1"))
     assert shown.returncode == 0 and "CONSUMING" in shown.stdout and "time left" in shown.stdout
@@ -106,7 +106,7 @@ def test_purge_dry_run_then_purge(mysql_table: str, app_name: str, request: Any)
     """purge --dry-run counts expired rows and deletes nothing; purge deletes them."""
     store: DedupStore = make_store("mysql", request)
     element = DedupElement(app_name, "T", "TagA", "gone")
-    store.claim(element, new_owner_token(), 1)
+    store.claim(Claim(element, new_owner_token()), 1)
     options = ["--mysql", MYSQL_URL, "--table", mysql_table]
     dry = run("purge", *options, "--dry-run")
     assert dry.returncode == 0 and "would delete" in dry.stdout

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from rocketmq_dedup import DedupElement, DedupStatus, StoreError
+from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
 from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request
 from tests.support import outcome, wait_for
@@ -263,7 +264,7 @@ def test_failed_round_trip_raises_store_error(redis_client: redis.Redis) -> None
     """A round trip that fails (no server) reaches the caller as a StoreError."""
     store = RedisDedupStore(redis.Redis(port=1, retry=None, socket_connect_timeout=0.2))
     with pytest.raises(StoreError):
-        store.claim(DedupElement("a", "t", "", "k"), "o", 1000)
+        store.claim(Claim(DedupElement("a", "t", "", "k"), "o"), 1000)
 
 
 def test_mixed_batch_after_script_flush(
@@ -273,8 +274,8 @@ def test_mixed_batch_after_script_flush(
     server forgetting its scripts (SCRIPT FLUSH): scripts are reloaded and the batch rerun."""
     store = coalesced_store(redis_client, waker)
     a, b, c = (DedupElement(app_name, "t", "", k) for k in "abc")
-    store.claim(b, "ob", 60_000)
-    store.claim(c, "oc", 60_000)
+    store.claim(Claim(b, "ob"), 60_000)
+    store.claim(Claim(c, "oc"), 60_000)
     redis_client.script_flush()
     key = store.record_key
     batch = [
@@ -364,8 +365,8 @@ def test_interrupted_round_trip_drops_the_connection(
     connection, so the next round trip never reads the stale replies."""
     store = coalesced_store(redis_client, waker)
     a, b, c = (DedupElement(app_name, "t", "", k) for k in "abc")
-    assert store.claim(a, "oa", 60_000).claimed  # checks out the store's connection
-    conn = store._lease.conn
+    assert store.claim(Claim(a, "oa"), 60_000).claimed  # checks out the store's connection
+    conn = store._pinned.conn
     real_read = conn.read_response
     reads: List[int] = []
 
@@ -383,10 +384,10 @@ def test_interrupted_round_trip_drops_the_connection(
     ]
     with pytest.raises(KeyboardInterrupt):
         store._execute(batch)
-    assert store._lease.conn is None
+    assert store._pinned.conn is None
     assert conn not in redis_client.connection_pool._in_use_connections  # given back
-    assert store.claim(c, "oc", 60_000).claimed
-    assert outcome(store.claim(b, "other", 60_000)) == (False, DedupStatus.CONSUMING)
+    assert store.claim(Claim(c, "oc"), 60_000).claimed
+    assert outcome(store.claim(Claim(b, "other"), 60_000)) == (False, DedupStatus.CONSUMING)
     assert store.get_status(a) is DedupStatus.CONSUMED
 
 

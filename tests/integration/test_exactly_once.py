@@ -229,11 +229,12 @@ def _delete_record(config: DedupConfig, msg_id: str) -> None:
     config.persist.delete(element(config, msg_id), force=True)
 
 
-def test_a_lost_claim_cannot_let_a_second_commit_happen(
-    config: DedupConfig, effects: EffectTable
+def test_a_copy_committed_by_another_consumer_rolls_the_first_back(
+    client: Any, table: str, config: DedupConfig, effects: EffectTable
 ) -> None:
-    """The first copy's claim is lost mid-handler and a second copy commits meanwhile: the
-    first's CONSUMED insert is refused by the key, it rolls back and is acked as a duplicate."""
+    """claim="at_commit": while the first copy is in its handler, a copy in another consumer
+    (its own store, as another process has) runs and commits; the first's record INSERT is
+    refused by the key: it rolls back and is acked as a duplicate. Applied once."""
     running, finish = threading.Event(), threading.Event()
 
     def behaviour(msg: Any, conn: Any) -> bool:
@@ -243,6 +244,7 @@ def test_a_lost_claim_cannot_let_a_second_commit_happen(
         return True
 
     listener = EffectListener(config, effects, behaviour)
+    other = EffectListener(make_config(client, table, config.application_name), effects)
     answers = []
     first = threading.Thread(
         target=lambda: answers.append(listener(ClassicMessage("m1", body=b"first")))
@@ -250,19 +252,70 @@ def test_a_lost_claim_cannot_let_a_second_commit_happen(
     first.start()
     try:
         assert running.wait(10)
-        _delete_record(config, "m1")  # the claim record is lost
-        assert listener(ClassicMessage("m1", body=b"second")) is SUCCESS  # claims afresh
+        assert other(ClassicMessage("m1", body=b"second")) is SUCCESS  # commits first
+        assert effects.count("m1") == 1
     finally:
         finish.set()
         first.join(10)
-    assert answers == [SUCCESS]  # acked as a duplicate of the second's commit
-    assert listener.calls["m1"] == 2 and effects.count("m1") == 1
+        other.close()
+    assert answers == [SUCCESS]  # rolled back, acked as a duplicate of the other's commit
+    assert listener.calls["m1"] == 1 and other.calls["m1"] == 1
+    assert effects.count("m1") == 1
     assert status_of(config, "m1") is DedupStatus.CONSUMED
 
 
-def test_a_lost_claim_alone_still_commits_once(config: DedupConfig, effects: EffectTable) -> None:
-    """The claim record is lost and no other copy came: the commit recreates the record, so
-    the redelivery is a duplicate."""
+def test_before_handler_answers_a_copy_in_another_consumer_at_once(
+    client: Any, table: str, effects: EffectTable
+) -> None:
+    """claim="before_handler": while the first copy holds row locks in its handler, a copy in
+    another consumer (its own store) is answered RECONSUME_LATER within 1 s, its handler not
+    run; after the commit it is acked without its handler."""
+    config = make_config(client, table, exactly_once_claim="before_handler")
+    sql(f"INSERT INTO {effects.name} (k, v) VALUES ('lock-me', '0')")
+    holding, finish = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        if msg.body == b"first":
+            execute(conn, f"UPDATE {effects.name} SET v = 'x' WHERE k = 'lock-me'")
+            holding.set()
+            finish.wait(10)
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    other_config = make_config(
+        client, table, config.application_name, exactly_once_claim="before_handler"
+    )
+    other = EffectListener(other_config, effects, behaviour)
+    answers = []
+    first = threading.Thread(
+        target=lambda: answers.append(listener(ClassicMessage("m1", body=b"first")))
+    )
+    first.start()
+    try:
+        assert holding.wait(10)
+        for _ in range(3):
+            begin = time.monotonic()
+            assert other(ClassicMessage("m1", body=b"dup")) is LATER
+            assert time.monotonic() - begin < 1.0
+        assert other.calls == {}
+    finally:
+        finish.set()
+        first.join(10)
+    try:
+        assert answers == [SUCCESS]
+        assert other(ClassicMessage("m1", body=b"dup")) is SUCCESS
+        assert other.calls == {} and listener.calls == {"m1": 1}
+        assert effects.count("m1") == 1
+    finally:
+        other.close()
+        config.close()
+
+
+def test_a_record_deleted_mid_handler_still_commits_once(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """An operator deletes the key's record while the handler runs (``release --force``; there
+    is none yet): the commit writes the record, so the redelivery is a duplicate."""
 
     def behaviour(msg: Any, conn: Any) -> bool:
         _delete_record(config, msg.id)

@@ -207,14 +207,15 @@ def test_a_failed_handler_leaves_the_sequence_unchanged(
     config = make_config(client, table)
     config.persist.create_table()  # type: ignore[union-attr]
     failing = [True]
-    listener = StepListener(config, effects, parse)
-    original = listener.do_handle_msg
 
-    def flaky(msg: Any, conn: Any) -> Any:
-        original(msg, conn)
-        return not failing[0]
+    class FlakyListener(StepListener):
+        """Writes its step, then asks for a rollback while ``failing``."""
 
-    listener.do_handle_msg = flaky  # type: ignore[method-assign]
+        def do_handle_msg(self, msg: Any, conn: Any) -> Any:
+            super().do_handle_msg(msg, conn)
+            return not failing[0]
+
+    listener = FlakyListener(config, effects, parse)
     assert listener(step("f", 1)) is LATER
     failing[0] = False
     assert listener(step("f", 1)) is SUCCESS

@@ -16,7 +16,7 @@ import redis
 
 from rocketmq_dedup import DedupConfigError, DedupElement, DedupStatus
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
-from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER
+from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER, Claim
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.integration.test_mysql_pool import CountingConnect
 from tests.support import MYSQL, REDIS_URL, mysql_connect, outcome
@@ -63,12 +63,12 @@ def test_connection_settings_do_not_break_unicode_keys(
     store = MySQLDedupStore(mysql_connect(driver, **settings), mysql_table)
     try:
         e = DedupElement(app_name, "T", "标签", KEYS[key])
-        assert store.claim(e, "o1", 60_000) == CLAIMED
-        assert outcome(store.claim(e, "o2", 60_000)) == outcome(HELD_BY_OTHER)
+        assert store.claim(Claim(e, "o1"), 60_000) == CLAIMED
+        assert outcome(store.claim(Claim(e, "o2"), 60_000)) == outcome(HELD_BY_OTHER)
         assert store.get_status(e) is DedupStatus.CONSUMING
-        store.mark_consumed(e, "o1", 60_000)
+        store.mark_consumed(Claim(e, "o1"), 60_000)
         assert store.get_status(e) is DedupStatus.CONSUMED
-        assert outcome(store.claim(e, "o3", 60_000)) == outcome(ALREADY_CONSUMED)
+        assert outcome(store.claim(Claim(e, "o3"), 60_000)) == outcome(ALREADY_CONSUMED)
         assert readable_row(mysql_table, e) == ("标签", KEYS[key], "CONSUMED")
     finally:
         store.close()
@@ -102,7 +102,7 @@ def test_missing_table_is_a_store_error_not_an_outage(app_name: str, driver: str
     store = MySQLDedupStore(mysql_connect(driver), table)
     try:
         with pytest.raises(StoreError, match=table) as caught:
-            store.claim(DedupElement(app_name, "T", "", "k"), "o", 60_000)
+            store.claim(Claim(DedupElement(app_name, "T", "", "k"), "o"), 60_000)
         assert not isinstance(caught.value, StoreUnavailableError)
     finally:
         store.close()
@@ -113,7 +113,7 @@ def test_refused_connection_is_an_outage(mysql_table: str, app_name: str, driver
     """A server that refuses connections is an outage, for claims and for check()."""
     store = MySQLDedupStore(mysql_connect(driver, port=1, connect_timeout=5), mysql_table)
     with pytest.raises(StoreUnavailableError):
-        store.claim(DedupElement(app_name, "T", "", "k"), "o", 60_000)
+        store.claim(Claim(DedupElement(app_name, "T", "", "k"), "o"), 60_000)
     with pytest.raises(StoreUnavailableError):
         store.check()
     assert store.pool.open_count == 0  # the failed connects gave their slots back
@@ -164,7 +164,7 @@ def test_a_bug_in_the_factory_is_a_store_error(mysql_table: str, app_name: str) 
 
     store = MySQLDedupStore(broken, mysql_table)
     with pytest.raises(StoreError, match="hots") as caught:
-        store.claim(DedupElement(app_name, "T", "", "k"), "o", 60_000)
+        store.claim(Claim(DedupElement(app_name, "T", "", "k"), "o"), 60_000)
     assert not isinstance(caught.value, StoreUnavailableError)
 
 

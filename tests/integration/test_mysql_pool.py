@@ -20,7 +20,7 @@ import pytest
 
 from rocketmq_dedup import DedupElement, DedupStatus
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
-from rocketmq_dedup.stores.base import CLAIMED
+from rocketmq_dedup.stores.base import CLAIMED, Claim
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.native import NativeBuildError, build_library, run_callbacks
 from tests.support import mysql_connect, wait_for
@@ -98,7 +98,7 @@ def test_short_lived_threads_share_a_bounded_pool(
 
     def worker(i: int) -> None:
         barrier.wait(30)
-        results.append(store.claim(element(app_name, f"k{i}"), "o", 60_000))
+        results.append(store.claim(Claim(element(app_name, f"k{i}"), "o"), 60_000))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(50)]
     for t in threads:
@@ -115,7 +115,9 @@ def test_sequential_threads_reuse_one_connection(
 ) -> None:
     """Threads that come and go one after another all use the same single connection."""
     for i in range(20):
-        t = threading.Thread(target=store.claim, args=(element(app_name, f"k{i}"), "o", 60_000))
+        t = threading.Thread(
+            target=store.claim, args=(Claim(element(app_name, f"k{i}"), "o"), 60_000)
+        )
         t.start()
         t.join(30)
     assert counting.calls == 1
@@ -144,7 +146,9 @@ def test_native_callback_threads_are_bounded_by_concurrency(
 
     def callback(index: int) -> int:
         try:
-            return 0 if store.claim(element(app_name, f"k{index}"), "o", 60_000).claimed else 1
+            return (
+                0 if store.claim(Claim(element(app_name, f"k{index}"), "o"), 60_000).claimed else 1
+            )
         except BaseException:  # an exception must not cross into C
             return 2
 
@@ -163,11 +167,11 @@ def test_busy_pool_waits_then_fails_as_an_outage(
         held = store.pool.take()
         begin = time.monotonic()
         with pytest.raises(StoreUnavailableError, match="busy"):
-            store.claim(element(app_name, "a"), "o", 60_000)
+            store.claim(Claim(element(app_name, "a"), "o"), 60_000)
         assert time.monotonic() - begin >= 0.25
         results: List[Any] = []
         waiter = threading.Thread(
-            target=lambda: results.append(store.claim(element(app_name, "b"), "o", 60_000))
+            target=lambda: results.append(store.claim(Claim(element(app_name, "b"), "o"), 60_000))
         )
         store.pool.timeout = 30.0
         waiter.start()
@@ -230,11 +234,11 @@ def test_forked_child_never_uses_the_parents_connection(
     """After the parent used the store, a forked child opens its own connection, claims, and
     closes the store; the parent's session survives (no reconnect) and keeps working."""
     store.create_table()
-    assert store.claim(element(app_name, "parent-1"), "p", 60_000) == CLAIMED
+    assert store.claim(Claim(element(app_name, "parent-1"), "p"), 60_000) == CLAIMED
     parent_calls = counting.calls
 
     def child() -> int:
-        if store.claim(element(app_name, "child"), "c", 60_000) != CLAIMED:
+        if store.claim(Claim(element(app_name, "child"), "c"), 60_000) != CLAIMED:
             return 1
         if store.get_status(element(app_name, "child")) is not DedupStatus.CONSUMING:
             return 1
@@ -245,7 +249,7 @@ def test_forked_child_never_uses_the_parents_connection(
 
     assert _in_child(child) == 0
     assert store.get_status(element(app_name, "child")) is DedupStatus.CONSUMING
-    assert store.claim(element(app_name, "parent-2"), "p", 60_000) == CLAIMED
+    assert store.claim(Claim(element(app_name, "parent-2"), "p"), 60_000) == CLAIMED
     assert counting.calls == parent_calls  # the parent's connection was never disturbed
     assert counting.open_on_server() == 1
 
@@ -257,8 +261,8 @@ def test_fork_while_the_parent_keeps_working(
     old "Commands out of sync", or one side reading the other's answer): each side sees its
     own record's status for half a second, and the parent keeps its connection."""
     mine, theirs = element(app_name, "parent"), element(app_name, "child")
-    assert store.claim(mine, "p", 60_000) == CLAIMED
-    store.mark_consumed(theirs, "c", 60_000)
+    assert store.claim(Claim(mine, "p"), 60_000) == CLAIMED
+    store.mark_consumed(Claim(theirs, "c"), 60_000)
     parent_seen: List[Any] = []
 
     def read_for_half_a_second(e: DedupElement, seen: List[Any]) -> None:
@@ -282,19 +286,20 @@ from rocketmq_dedup import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.support import mysql_connect
 from tests.integration.test_mysql_pool import CountingConnect
+from rocketmq_dedup.stores.base import Claim
 
 driver, table, app = sys.argv[1:4]
 counting = CountingConnect(mysql_connect(driver))
 store = MySQLDedupStore(counting, table)
-assert store.claim(DedupElement(app, "T", "", "parent-1"), "p", 60000).claimed
+assert store.claim(Claim(DedupElement(app, "T", "", "parent-1"), "p"), 60000).claimed
 pid = os.fork()
 if pid == 0:
-    ok = store.claim(DedupElement(app, "T", "", "child"), "c", 60000).claimed
+    ok = store.claim(Claim(DedupElement(app, "T", "", "child"), "c"), 60000).claimed
     del store, counting
     gc.collect()
     sys.exit(0 if ok else 1)  # a normal exit: the interpreter finalizes everything
 _, status = os.waitpid(pid, 0)
-ok = store.claim(DedupElement(app, "T", "", "parent-2"), "p", 60000).claimed
+ok = store.claim(Claim(DedupElement(app, "T", "", "parent-2"), "p"), 60000).claimed
 print(os.WEXITSTATUS(status), ok, counting.calls)
 """
 
@@ -323,11 +328,11 @@ def test_a_connection_that_raised_is_discarded(
 ) -> None:
     """A connection left out of sync fails its operation once; it is closed, not pooled, and
     the next operation runs on a new connection (dedup is not off for good)."""
-    assert store.claim(element(app_name, "first"), "o", 60_000) == CLAIMED
+    assert store.claim(Claim(element(app_name, "first"), "o"), 60_000) == CLAIMED
     counting.conns[0].query(b"SELECT 1")  # a result never read: the next command is out of sync
     with pytest.raises(StoreError):
-        store.claim(element(app_name), "o", 60_000)
-    assert store.claim(element(app_name), "o", 60_000) == CLAIMED
+        store.claim(Claim(element(app_name), "o"), 60_000)
+    assert store.claim(Claim(element(app_name), "o"), 60_000) == CLAIMED
     assert counting.calls == 2
     wait_for(lambda: counting.open_on_server() == 1)
 
@@ -339,7 +344,7 @@ def test_a_missing_table_never_keeps_the_connection(
     store = MySQLDedupStore(counting, f"t_missing_{uuid.uuid4().hex[:8]}")
     for _ in range(3):
         with pytest.raises(StoreError):
-            store.claim(element(app_name), "o", 60_000)
+            store.claim(Claim(element(app_name), "o"), 60_000)
     assert counting.calls == 3
     wait_for(lambda: counting.open_on_server() == 0)
 
@@ -366,7 +371,7 @@ def test_lost_connections_are_replaced_and_the_operation_retried(
     store = MySQLDedupStore(counting, mysql_table)
     try:
         for i in range(4):
-            store.claim(element(app_name, f"k{i}"), "o", 60_000)
+            store.claim(Claim(element(app_name, f"k{i}"), "o"), 60_000)
         busy = [store.pool.take() for _ in range(3)]  # three connections, all idle after
         for runner in busy:
             store.pool.give(runner)
@@ -376,7 +381,7 @@ def test_lost_connections_are_replaced_and_the_operation_retried(
         wait_for(lambda: counting.open_on_server() == 0)
         for i in range(4):
             assert store.get_status(element(app_name, f"k{i}")) is DedupStatus.CONSUMING
-        assert store.claim(element(app_name, "after"), "o", 60_000) == CLAIMED
+        assert store.claim(Claim(element(app_name, "after"), "o"), 60_000) == CLAIMED
         assert counting.calls == before + 1  # one new connection serves everything after
     finally:
         store.close()
@@ -393,7 +398,7 @@ def test_close_closes_every_connection_and_the_store_is_reusable(
 
     def worker(i: int) -> None:
         barrier.wait(30)
-        store.claim(element(app_name, f"k{i}"), "o", 60_000)
+        store.claim(Claim(element(app_name, f"k{i}"), "o"), 60_000)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     for t in threads:
@@ -420,5 +425,5 @@ def test_close_closes_a_busy_connection_when_it_comes_back(
     store.pool.give(busy)
     wait_for(lambda: counting.open_on_server() == 0)
     assert store.pool.open_count == 0
-    assert store.claim(element(app_name), "o", 60_000) == CLAIMED
+    assert store.claim(Claim(element(app_name), "o"), 60_000) == CLAIMED
     assert counting.calls == 2

@@ -17,8 +17,9 @@ from rocketmq_dedup import (
     DedupElement,
     DedupStatus,
 )
+from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.mysql import PURGE_SCAN_SQL, MySQLDedupStore
-from tests.support import ClassicMessage, mysql_connect, wait_for
+from tests.support import ClassicMessage, claims, mysql_connect, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +64,7 @@ def test_create_table_is_idempotent(mysql_store: MySQLDedupStore) -> None:
 def test_lease_uses_the_database_clock(mysql_store: MySQLDedupStore, app_name: str) -> None:
     """expire_time is the server's now + lease (epoch ms), whatever the client clock says."""
     e = DedupElement(app_name, "T", "", "k")
-    mysql_store.claim(e, "o", 60_000)
+    mysql_store.claim(Claim(e, "o"), 60_000)
     ((expire, server_now),) = query(
         f"SELECT expire_time, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) "
         f"FROM {mysql_store.table_name} WHERE dedup_key = %s",
@@ -86,7 +87,7 @@ def test_row_id_is_stable_across_versions() -> None:
 def test_readable_columns_for_operators(mysql_store: MySQLDedupStore, app_name: str) -> None:
     """The row shows application, topic, tag, key (first 255 chars), status and owner."""
     e = DedupElement(app_name, "TOPIC", "TagA", "k" * 300)
-    mysql_store.claim(e, "owner-1", 60_000)
+    mysql_store.claim(Claim(e, "owner-1"), 60_000)
     row = query(
         f"SELECT application_name, topic, tag, msg_uniq_key, status, owner_token, deliveries "
         f"FROM {mysql_store.table_name} WHERE dedup_key = %s",
@@ -104,8 +105,8 @@ def test_purge_expired_deletes_in_batches(mysql_store: MySQLDedupStore, app_name
     """purge_expired removes every expired row, batch by batch, and keeps live ones."""
     expired = [DedupElement(app_name, "T", "", f"old{i}") for i in range(10)]
     live = DedupElement(app_name, "T", "", "live")
-    mysql_store.mark_consumed_many(expired, ["o"] * 10, 1)
-    mysql_store.mark_consumed(live, "o", 600_000)
+    mysql_store.mark_consumed_many(claims(expired, ["o"] * 10), 1)
+    mysql_store.mark_consumed(Claim(live, "o"), 600_000)
     wait_for(lambda: all(mysql_store.get_status(e) is None for e in expired))
     assert mysql_store.purge_expired(batch_size=3) >= 10
     assert app_rows(mysql_store, app_name) == 1
@@ -117,8 +118,8 @@ def test_purge_walks_past_batches_with_nothing_expired(
     """A batch of live rows does not end the purge: it walks the whole table."""
     live = [DedupElement(app_name, "T", "", f"live{i}") for i in range(20)]
     expired = [DedupElement(app_name, "T", "", f"old{i}") for i in range(5)]
-    mysql_store.mark_consumed_many(live, ["o"] * 20, 600_000)
-    mysql_store.mark_consumed_many(expired, ["o"] * 5, 1)
+    mysql_store.mark_consumed_many(claims(live, ["o"] * 20), 600_000)
+    mysql_store.mark_consumed_many(claims(expired, ["o"] * 5), 1)
     wait_for(lambda: all(mysql_store.get_status(e) is None for e in expired))
     assert mysql_store.purge_expired(batch_size=2) >= 5
     assert app_rows(mysql_store, app_name) == 20
@@ -187,12 +188,12 @@ def test_statements_run_through_the_drivers_fastest_api(
     """mysqlclient connections skip the DB-API cursor; other drivers go through cursors."""
     store = MySQLDedupStore(mysql_connect(driver), mysql_table)
     element = DedupElement(app_name, "T", "tag", "k'\\%s")
-    assert store.claim(element, "o1", 5_000).claimed
+    assert store.claim(Claim(element, "o1"), 5_000).claimed
     taken = store.pool.take()
     assert type(taken).__name__ == runner
     store.pool.give(taken)
     assert store.get_status(element) is DedupStatus.CONSUMING
-    assert store.release(element, "o1")
+    assert store.release(Claim(element, "o1"))
     store.close()
 
 

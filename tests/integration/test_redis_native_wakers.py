@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from rocketmq_dedup import DedupElement
+from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
 from tests.native import NativeBuildError, build_library, run_callbacks
 
@@ -60,12 +61,12 @@ def test_native_callbacks_reuse_wakers(
 
     store = RedisDedupStore(redis_client, waker=factory)
     app = f"app-{uuid.uuid4().hex[:12]}"
-    store.claim(DedupElement(app, "T", "", "warm-up"), "o", 60_000)
+    store.claim(Claim(DedupElement(app, "T", "", "warm-up"), "o"), 60_000)
     gc.collect()
     fds = open_fds()
 
     def claim(index: int) -> int:
-        claimed = store.claim(DedupElement(app, "T", "", str(index)), "o", 60_000).claimed
+        claimed = store.claim(Claim(DedupElement(app, "T", "", str(index)), "o"), 60_000).claimed
         return 0 if claimed else 1
 
     successes, _ = run_callbacks(native_lib, claim, THREADS, CALLS)

@@ -14,6 +14,7 @@ import redis
 from redis.sentinel import Sentinel
 
 from rocketmq_dedup import DedupElement, DedupStatus, StoreError
+from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.redis import RedisDedupStore
 from tests.support import wait_for
 
@@ -60,9 +61,9 @@ def test_records_go_to_the_master_sentinel_names(
     """A store on Sentinel(...).master_for() writes its records to the master on 16380."""
     store = RedisDedupStore(sentinel.master_for(SERVICE, socket_timeout=2))
     e = element()
-    assert store.claim(e, "o1", 60_000).claimed
+    assert store.claim(Claim(e, "o1"), 60_000).claimed
     assert master_direct.get(store.record_key(e)) == b"CONSUMING:o1"
-    store.mark_consumed(e, "o1", 60_000)
+    store.mark_consumed(Claim(e, "o1"), 60_000)
     assert master_direct.get(store.record_key(e)) == b"CONSUMED:o1"
     assert store.get_status(e) is DedupStatus.CONSUMED
     store.check()
@@ -77,7 +78,7 @@ def test_store_reconnects_after_the_master_restarts(
     store's next round trips reconnect through Sentinel and its records land on the master."""
     store = RedisDedupStore(sentinel.master_for(SERVICE, socket_timeout=2))
     before = element()
-    assert store.claim(before, "o", 60_000).claimed
+    assert store.claim(Claim(before, "o"), 60_000).claimed
     result = subprocess.run(
         [str(SERVICES), "restart-sentinel-master"],
         capture_output=True,
@@ -90,7 +91,7 @@ def test_store_reconnects_after_the_master_restarts(
 
     def claimed() -> bool:
         try:
-            return store.claim(after, "o", 60_000).claimed
+            return store.claim(Claim(after, "o"), 60_000).claimed
         except StoreError:  # the master may still be starting
             return False
 

@@ -22,9 +22,10 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.message import to_text
+from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.redis import RedisDedupStore, transport
 from rocketmq_dedup.stores.redis.coalesce import Request
-from tests.support import REDIS_URL, ClassicMessage, outcome
+from tests.support import REDIS_URL, ClassicMessage, claims, outcome
 
 
 class CountingConnection(redis.Connection):
@@ -97,7 +98,7 @@ def test_decode_responses_client_works(app_name: str) -> None:
     assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
     store = listener.dedup_config.persist  # type: ignore[union-attr]
     assert store is not None
-    assert store.claim(DedupElement(app_name, "TEST-TOPIC", "TagA", "m1"), "o", 1000).status
+    assert store.claim(Claim(DedupElement(app_name, "TEST-TOPIC", "TagA", "m1"), "o"), 1000).status
     client.close()
 
 
@@ -105,9 +106,9 @@ def test_records_carry_ttls(redis_client: redis.Redis, app_name: str) -> None:
     """CONSUMING records expire after the lease, CONSUMED ones after the retention."""
     store = RedisDedupStore(redis_client)
     e = DedupElement(app_name, "T", "", "k")
-    store.claim(e, "o", 5000)
+    store.claim(Claim(e, "o"), 5000)
     assert 0 < redis_client.pttl(store.record_key(e)) <= 5000
-    store.mark_consumed(e, "o", 600_000)
+    store.mark_consumed(Claim(e, "o"), 600_000)
     assert 5000 < redis_client.pttl(store.record_key(e)) <= 600_000
     assert redis_client.get(store.record_key(e)) == b"CONSUMED:o"
 
@@ -119,11 +120,11 @@ def test_both_claim_paths_agree(redis_client: redis.Redis, app_name: str, set_nx
     store = RedisDedupStore(redis_client, coalesce=False)
     store._set_nx_get = set_nx_get
     e = DedupElement(app_name, "T", "", "k")
-    assert store.claim(e, "o1", 60_000).claimed
-    assert store.claim(e, "o1", 60_000).claimed  # idempotent for the same owner
-    assert outcome(store.claim(e, "o2", 60_000)) == (False, DedupStatus.CONSUMING)
-    store.mark_consumed(e, "o1", 60_000)
-    assert outcome(store.claim(e, "o2", 60_000)) == (False, DedupStatus.CONSUMED)
+    assert store.claim(Claim(e, "o1"), 60_000).claimed
+    assert store.claim(Claim(e, "o1"), 60_000).claimed  # idempotent for the same owner
+    assert outcome(store.claim(Claim(e, "o2"), 60_000)) == (False, DedupStatus.CONSUMING)
+    store.mark_consumed(Claim(e, "o1"), 60_000)
+    assert outcome(store.claim(Claim(e, "o2"), 60_000)) == (False, DedupStatus.CONSUMED)
 
 
 # -- errors: wrapped once; an outage is not a defect ------------------------------------------
@@ -141,7 +142,7 @@ def test_unreachable_server_is_an_outage(coalesce: bool) -> None:
     """A refused connection raises StoreUnavailableError, wrapped once, naming the address."""
     store = RedisDedupStore(closed_port_client(), coalesce=coalesce)
     with pytest.raises(StoreUnavailableError) as caught:
-        store.claim(DedupElement("a", "t", "", "k"), "o", 1000)
+        store.claim(Claim(DedupElement("a", "t", "", "k"), "o"), 1000)
     assert isinstance(caught.value.__cause__, redis.ConnectionError)
     assert str(caught.value).startswith("Redis 127.0.0.1:1/0: ConnectionError")
 
@@ -159,12 +160,12 @@ def test_bug_inside_the_store_is_not_an_outage(
 
     monkeypatch.setattr(transport, "pack_commands", broken)
     with pytest.raises(StoreError) as caught:
-        store.claim(e, "o", 60_000)
+        store.claim(Claim(e, "o"), 60_000)
     assert not isinstance(caught.value, StoreUnavailableError)
     assert type(caught.value.__cause__) is TypeError
     assert str(caught.value) == "Redis 127.0.0.1:16379/0: TypeError: packer bug"
     monkeypatch.undo()
-    assert store.claim(e, "o", 60_000).claimed
+    assert store.claim(Claim(e, "o"), 60_000).claimed
 
 
 def test_every_request_of_a_failed_round_gets_the_original_error(
@@ -190,7 +191,7 @@ def test_error_reply_is_an_outage(redis_client: redis.Redis, app_name: str) -> N
     e = DedupElement(app_name, "t", "", "a-list")
     redis_client.rpush(store.record_key(e), "not a record")
     with pytest.raises(StoreUnavailableError) as caught:
-        store.claim(e, "o", 60_000)
+        store.claim(Claim(e, "o"), 60_000)
     assert isinstance(caught.value.__cause__, redis.ResponseError)
 
 
@@ -231,14 +232,14 @@ def test_keys_with_any_code_point(any_store: RedisDedupStore, app_name: str, key
     """Claim, status, mark and release work on keys with lone surrogates, bytes-derived text,
     emoji and CJK."""
     e = DedupElement(app_name, "T", "", key)
-    assert any_store.claim(e, "o1", 60_000).claimed
+    assert any_store.claim(Claim(e, "o1"), 60_000).claimed
     assert any_store.get_status(e) is DedupStatus.CONSUMING
-    assert outcome(any_store.claim(e, "o2", 60_000)) == (False, DedupStatus.CONSUMING)
-    assert any_store.renew_many([e], ["o1"], 60_000) == [True]
-    assert any_store.release(e, "o1") is True
+    assert outcome(any_store.claim(Claim(e, "o2"), 60_000)) == (False, DedupStatus.CONSUMING)
+    assert any_store.renew_many(claims([e], ["o1"]), 60_000) == [True]
+    assert any_store.release(Claim(e, "o1")) is True
     assert any_store.get_status(e) is None
-    assert any_store.claim(e, "o1", 60_000).claimed
-    any_store.mark_consumed(e, "o1", 60_000)
+    assert any_store.claim(Claim(e, "o1"), 60_000).claimed
+    any_store.mark_consumed(Claim(e, "o1"), 60_000)
     assert any_store.get_status(e) is DedupStatus.CONSUMED
 
 
@@ -251,8 +252,11 @@ def test_str_key_and_bytes_derived_key_share_a_record(
     for text, raw in [("\u8a02\u55ae-1", "\u8a02\u55ae-1".encode()), ("k-\udcff", b"k-\xff")]:
         as_text = DedupElement(app_name, "T", "", text)
         from_bytes = DedupElement(app_name, "T", "", to_text(raw))
-        assert store.claim(as_text, "o1", 60_000).claimed
-        assert outcome(store.claim(from_bytes, "o2", 60_000)) == (False, DedupStatus.CONSUMING)
+        assert store.claim(Claim(as_text, "o1"), 60_000).claimed
+        assert outcome(store.claim(Claim(from_bytes, "o2"), 60_000)) == (
+            False,
+            DedupStatus.CONSUMING,
+        )
         assert redis_client.get(f"MSGDEDUP:{app_name}:T::".encode() + raw) == b"CONSUMING:o1"
 
 
@@ -298,17 +302,17 @@ def test_dropped_stores_leave_no_connection_and_no_thread(
     left checked out of the pool, no thread, no store kept alive."""
     name = f"lifecycle-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(REDIS_URL, client_name=name)
-    threads = threading.active_count()
+    threads = set(threading.enumerate())  # earlier tests' threads may end meanwhile
     refs: List[Any] = []
     for i in range(60):
         store = RedisDedupStore(client)
-        assert store.claim(DedupElement(app_name, "T", "", str(i)), "o", 60_000).claimed
+        assert store.claim(Claim(DedupElement(app_name, "T", "", str(i)), "o"), 60_000).claimed
         refs.append(weakref.ref(store))
         del store
     gc.collect()
     assert [r for r in refs if r() is not None] == []
     assert named_connections(redis_client, name) == 0
-    assert threading.active_count() == threads
+    assert set(threading.enumerate()) - threads == set()
     RedisDedupStore(client).close()  # gives the dropped stores' connections back to the pool
     assert len(client.connection_pool._in_use_connections) == 0
     client.close()
@@ -320,12 +324,12 @@ def test_closed_store_gives_its_connection_back(redis_client: redis.Redis, app_n
     name = f"close-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(REDIS_URL, client_name=name)
     store = RedisDedupStore(client)
-    assert store.claim(DedupElement(app_name, "T", "", "k"), "o", 60_000).claimed
+    assert store.claim(Claim(DedupElement(app_name, "T", "", "k"), "o"), 60_000).claimed
     assert named_connections(redis_client, name) == 1
     store.close()
     assert named_connections(redis_client, name) == 0
     assert len(client.connection_pool._in_use_connections) == 0
-    assert store.claim(DedupElement(app_name, "T", "", "k2"), "o", 60_000).claimed
+    assert store.claim(Claim(DedupElement(app_name, "T", "", "k2"), "o"), 60_000).claimed
     store.close()
     client.close()
 
@@ -352,10 +356,10 @@ def test_inspect_delete_and_stats(any_store: RedisDedupStore, app_name: str) -> 
     app = app_name + "*[x]:{y}"  # glob and escaped characters stay literal
     stuck, done = DedupElement(app, "T", "TagA", "k:1"), DedupElement(app, "T", "TagA", "k2")
     other = DedupElement(app_name + "x", "T", "TagA", "k3")  # another application
-    assert any_store.claim(stuck, "owner-1", 60_000).claimed
-    any_store.mark_consumed(done, "owner-2", 600_000)
-    any_store.mark_consumed(other, "owner-3", 600_000)
-    info = any_store.inspect(stuck)
+    assert any_store.claim(Claim(stuck, "owner-1"), 60_000).claimed
+    any_store.mark_consumed(Claim(done, "owner-2"), 600_000)
+    any_store.mark_consumed(Claim(other, "owner-3"), 600_000)
+    info = any_store.read(stuck)
     assert info is not None
     assert (info.element, info.status, info.owner) == (stuck, DedupStatus.CONSUMING, "owner-1")
     assert info.expires_in_ms is not None and 0 < info.expires_in_ms <= 60_000
@@ -366,5 +370,5 @@ def test_inspect_delete_and_stats(any_store: RedisDedupStore, app_name: str) -> 
     assert any_store.get_status(done) is DedupStatus.CONSUMED
     assert any_store.delete(stuck) is DedupStatus.CONSUMING
     assert any_store.delete(done, force=True) is DedupStatus.CONSUMED
-    assert any_store.inspect(stuck) is None and any_store.inspect(done) is None
+    assert any_store.read(stuck) is None and any_store.read(done) is None
     assert any_store.stats(app).counts == {}

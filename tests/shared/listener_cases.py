@@ -16,7 +16,7 @@ from rocketmq_dedup import (
     DedupConfig,
     DedupStatus,
 )
-from rocketmq_dedup.stores.base import DedupStore
+from rocketmq_dedup.stores.base import Claim, DedupStore
 from tests.support import ClassicMessage, GrpcMessage, wait_for
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
@@ -306,7 +306,7 @@ def test_batch_stops_at_a_message_being_consumed(store: DedupStore, app_name: st
     """A batch member whose key is CONSUMING elsewhere stops the batch there."""
     config = config_for(store, app_name)
     assert config.persist is not None
-    config.persist.claim(_element(app_name, "m1"), "someone-else", 60_000)
+    config.persist.claim(Claim(_element(app_name, "m1"), "someone-else"), 60_000)
     listener = RecordingListener(config)
     result = listener.consume_message([ClassicMessage(f"m{i}") for i in range(3)])
     assert result == BatchResult(LATER, 0)

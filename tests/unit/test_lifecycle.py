@@ -10,6 +10,7 @@ from typing import Any, List, Set
 
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, MemoryDedupStore
 from rocketmq_dedup.message import DedupElement, element_digest
+from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.memory import SWEEP_MIN_GROWTH
 from tests.support import ClassicMessage, wait_for
 
@@ -93,7 +94,7 @@ def test_memory_store_size_is_bounded_by_live_records() -> None:
     now = [0.0]
     store = MemoryDedupStore(clock=lambda: now[0])
     for i in range(30_000):
-        store.claim(DedupElement("app", "T", "", f"k{i}"), "o", 1000)
+        store.claim(Claim(DedupElement("app", "T", "", f"k{i}"), "o"), 1000)
         now[0] += 0.01  # each record lives 100 claims
     assert len(store) <= 2 * 100 + SWEEP_MIN_GROWTH
 

@@ -301,7 +301,8 @@ def test_opentelemetry_metrics_and_spans(app_name: str) -> None:
 def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without metrics the listener reads no clock for them; with metrics it does (so the
     check can fail)."""
-    import rocketmq_dedup.strategy as strategy
+    import rocketmq_dedup.strategy.base
+    import rocketmq_dedup.strategy.plain
 
     reads: List[str] = []
 
@@ -314,7 +315,8 @@ def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatc
             reads.append("perf_counter")
             return 0.0
 
-    monkeypatch.setattr(strategy, "time", Clock())
+    for module in (rocketmq_dedup.strategy.base, rocketmq_dedup.strategy.plain):
+        monkeypatch.setattr(module, "time", Clock())
     listener = Listener(DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore()))
     assert listener(ClassicMessage("m1")) is SUCCESS
     assert reads == []

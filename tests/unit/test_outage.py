@@ -19,7 +19,7 @@ from rocketmq_dedup import (
     StoreUnavailableError,
 )
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.stores.base import ClaimResult
+from rocketmq_dedup.stores.base import Claim, ClaimResult
 from tests.support import ClassicMessage, mysql_connect
 
 CLOSED_PORT = 1  # nothing listens on 127.0.0.1:1
@@ -82,7 +82,7 @@ def test_store_errors_wrap_the_driver_error(kind: str) -> None:
     )
     assert config.persist is not None
     with pytest.raises(StoreUnavailableError) as info:
-        config.persist.claim(DedupElement("app", "T", "", "k"), "o", 1000)
+        config.persist.claim(Claim(DedupElement("app", "T", "", "k"), "o"), 1000)
     assert info.value.__cause__ is not None
 
 
@@ -130,7 +130,7 @@ def test_release_failure_does_not_hide_the_handler_error(
 class BuggyStore(MemoryDedupStore):
     """A store whose claim has a bug (not an outage)."""
 
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         raise TypeError("a bug in the store")
 
 
@@ -139,7 +139,7 @@ def test_store_bug_is_not_an_outage(caplog: pytest.LogCaptureFixture) -> None:
     "consume" policy the message is retried (handler not run) and an ERROR is logged."""
     store = BuggyStore()
     with pytest.raises(StoreError) as info:
-        store.claim(DedupElement("app", "T", "", "k"), "o", 1000)
+        store.claim(Claim(DedupElement("app", "T", "", "k"), "o"), 1000)
     assert not isinstance(info.value, StoreUnavailableError)
     listener = Counting(DedupConfig.enable_dedup_consume_config("app", store))
     with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):

@@ -30,9 +30,10 @@ PyMySQL or mysql-connector-python.
   outages (:class:`~rocketmq_dedup.errors.StoreUnavailableError`); anything else, e.g. a
   ``ProgrammingError`` for a missing table, is a :class:`~rocketmq_dedup.errors.StoreError`.
 * Exactly-once mode (:mod:`rocketmq_dedup.transactional`): one business transaction per
-  message on the same database (:mod:`.transaction`), a sequence table ``<table>_seq``
-  created with the dedup table; :meth:`MySQLDedupStore.from_engine` builds the store on a
-  SQLAlchemy ``Engine``.
+  message on the same database, opened by the store's :class:`TransactionFactory`
+  (:mod:`.transaction`), the dedup record written with its COMMIT; a sequence table
+  ``<table>_seq`` created with the dedup table; :meth:`MySQLDedupStore.from_engine` builds the
+  store on a SQLAlchemy ``Engine``.
 """
 
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool, is_connection_error
@@ -48,9 +49,8 @@ from rocketmq_dedup.stores.mysql.sql import (
     RENEW_SQL,
     SCHEMA_SQL,
     SELECT_SQL,
-    all_schema_sql,
     schema_sql,
-    sequence_schema_sql,
+    schema_statements,
     sequence_table_name,
     validate_table_name,
 )
@@ -61,7 +61,11 @@ from rocketmq_dedup.stores.mysql.store import (
     MySQLDedupStore,
     describe_factory,
 )
-from rocketmq_dedup.stores.mysql.transaction import HandlerConnection, Transaction
+from rocketmq_dedup.stores.mysql.transaction import (
+    HandlerConnection,
+    Transaction,
+    TransactionFactory,
+)
 
 __all__ = [
     "CLAIM_SQL",
@@ -82,11 +86,11 @@ __all__ = [
     "HandlerConnection",
     "MySQLDedupStore",
     "Transaction",
-    "all_schema_sql",
+    "TransactionFactory",
     "describe_factory",
     "is_connection_error",
     "schema_sql",
-    "sequence_schema_sql",
+    "schema_statements",
     "sequence_table_name",
     "validate_table_name",
 ]

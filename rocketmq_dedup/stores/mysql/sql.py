@@ -4,7 +4,7 @@ the quoted table name, ``{rows}``/``{marks}`` the placeholders of a multi-row st
 from __future__ import annotations
 
 import re
-from typing import List
+from typing import List, Optional
 
 from rocketmq_dedup.errors import DedupConfigError
 
@@ -55,8 +55,9 @@ ON DUPLICATE KEY UPDATE
 
 MARK_CONSUMED_ROW = f"(%s, %s, %s, %s, %s, 'CONSUMED', %s, {NOW_MS} + %s)"
 
+# The live records of some keys: status, owner, and time left (ms).
 SELECT_SQL = (
-    f"SELECT dedup_key, status, owner_token FROM {{table}} "
+    f"SELECT dedup_key, status, owner_token, expire_time - {NOW_MS} FROM {{table}} "
     f"WHERE dedup_key IN ({{marks}}) AND expire_time > {NOW_MS}"
 )
 RELEASE_SQL = (
@@ -78,12 +79,9 @@ PURGE_SCAN_SQL = (
 )
 # Deletes the listed rows that are still expired (one may have been taken over since the scan).
 PURGE_SQL = f"DELETE FROM {{table}} WHERE dedup_key IN ({{marks}}) AND expire_time <= {NOW_MS}"
-# The operator's view (rocketmq-dedup inspect/release/stats): readable columns, time left.
+# The operator's view of listed records (rocketmq-dedup stats): readable columns, time left.
 _RECORD_COLUMNS = (
     f"application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time - {NOW_MS}"
-)
-INSPECT_SQL = (
-    f"SELECT {_RECORD_COLUMNS} FROM {{table}} WHERE dedup_key = %s AND expire_time > {NOW_MS}"
 )
 # Deletes a live record only if it still has the status the operator saw.
 DELETE_SQL = (
@@ -152,32 +150,49 @@ SEQUENCE_LOCK_SQL = (
 SEQUENCE_READ_SQL = "SELECT last_seq FROM {table} WHERE entity_key = %s FOR UPDATE"
 SEQUENCE_SET_SQL = "UPDATE {table} SET last_seq = %s WHERE entity_key = %s"
 
-# The owner-fenced CONSUMED write, the last statement before COMMIT: only the claim's owner,
-# while its record is still its CONSUMING claim, can turn it into CONSUMED. Any other attempt
-# (its lease lapsed and another copy took over, or the record was deleted) matches no row.
-FENCED_MARK_SQL = (
-    f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, expire_time = {NOW_MS} + %s "
-    "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
+# The dedup record, written in the business transaction and sent with its COMMIT: the primary
+# key lets one copy of a message commit, whatever the others did (the statement fails with
+# ER_DUP_ENTRY when any record of the key exists, and the COMMIT after it is not run).
+RECORD_INSERT_SQL = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES {MARK_CONSUMED_ROW}"
+# After ER_DUP_ENTRY, in the same transaction: the record in the way, locked, and whether it
+# has expired (an expired one is deleted and the record written again).
+RECORD_LOCK_SQL = (
+    f"SELECT status, owner_token, expire_time <= {NOW_MS} FROM {{table}} "
+    "WHERE dedup_key = %s FOR UPDATE"
 )
-# When the fenced write matched no row: a plain INSERT of the CONSUMED record. The primary key
-# refuses it if any record of the key exists (another copy's claim or CONSUMED record); it
-# succeeds only if the record was lost, and then no other attempt can commit the key after it.
-FENCED_INSERT_SQL = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES {MARK_CONSUMED_ROW}"
+RECORD_DELETE_EXPIRED_SQL = (
+    f"DELETE FROM {{table}} WHERE dedup_key = %s AND expire_time <= {NOW_MS}"
+)
+# claim="before_handler": before the handler, the live record's status and, only when there is
+# none, the key's named lock (1: taken; 0: another session holds it). The lock writes nothing,
+# needs no renewal and is freed when its session ends (a killed consumer's with it).
+KEY_LOCK_SQL = (
+    "SELECT r.status, IF(r.status IS NULL, GET_LOCK(%s, 0), NULL) FROM (SELECT "
+    f"(SELECT status FROM {{table}} WHERE dedup_key = %s AND expire_time > {NOW_MS}) AS status) r"
+)
+KEY_UNLOCK_SQL = "DO RELEASE_LOCK(%s)"
 #: The server's "duplicate entry" error (ER_DUP_ENTRY).
 DUPLICATE_ENTRY = 1062
+#: The server's "you have an error in your SQL syntax" (ER_PARSE_ERROR): what a server says to
+#: several statements in one text on a connection without multi-statements.
+PARSE_ERROR = 1064
 
 
-def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> str:
-    """The sequence table that goes with the dedup table ``table_name`` (same schema)."""
-    return validate_table_name(validate_table_name(table_name) + SEQUENCE_TABLE_SUFFIX)
+def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> Optional[str]:
+    """The sequence table that goes with the dedup table ``table_name`` (same schema); None
+    when ``<table>_seq`` would be longer than an identifier may be (a table name of 61-64
+    characters: the exactly-once mode then has no sequence guard)."""
+    name = validate_table_name(table_name) + SEQUENCE_TABLE_SUFFIX
+    return name if _TABLE_NAME_RE.match(name) else None
 
 
-def sequence_schema_sql(table_name: str = DEFAULT_TABLE_NAME) -> str:
-    """The ``CREATE TABLE IF NOT EXISTS`` statement for the sequence table of ``table_name``."""
-    return SEQUENCE_SCHEMA_SQL.format(table=quote_table(sequence_table_name(table_name)))
-
-
-def all_schema_sql(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
-    """Every table the store uses, plain and exactly-once mode: the dedup table, then the
-    sequence table."""
-    return [schema_sql(table_name), sequence_schema_sql(table_name)]
+def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
+    """The ``CREATE TABLE IF NOT EXISTS`` statements of every table the store uses: the dedup
+    table, and the exactly-once mode's sequence table when its name fits (see
+    :func:`sequence_table_name`). What ``create_table()`` runs and ``rocketmq-dedup schema
+    mysql`` prints."""
+    statements = [schema_sql(table_name)]
+    sequence = sequence_table_name(table_name)
+    if sequence is not None:
+        statements.append(SEQUENCE_SCHEMA_SQL.format(table=quote_table(sequence)))
+    return statements

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
@@ -14,10 +13,11 @@ from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
     CLAIMED,
     HELD_BY_OTHER,
+    Claim,
     ClaimResult,
     DedupStore,
     Diagnosis,
-    RecordInfo,
+    Record,
     StoreStats,
     oldest_claims,
     parse_status,
@@ -28,6 +28,7 @@ from rocketmq_dedup.stores.mysql.pool import (
     MySQLdbRunner,
     Runner,
     close_quietly,
+    column_text,
     is_connection_error,
     is_mysqlclient,
     prepare_connection,
@@ -41,10 +42,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     COLUMNS_SQL,
     DEFAULT_TABLE_NAME,
     DELETE_SQL,
-    FENCED_INSERT_SQL,
-    FENCED_MARK_SQL,
     INSERT_CLAIM_SQL,
-    INSPECT_SQL,
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
     MARK_SQL,
@@ -54,22 +52,18 @@ from rocketmq_dedup.stores.mysql.sql import (
     RENEW_SQL,
     REQUIRED_COLUMNS,
     SELECT_SQL,
-    SEQUENCE_LOCK_SQL,
-    SEQUENCE_READ_SQL,
-    SEQUENCE_SET_SQL,
     STATS_SQL,
     VERSION_SQL,
     quote_table,
-    schema_sql,
-    sequence_schema_sql,
+    schema_statements,
     sequence_table_name,
     validate_table_name,
 )
 from rocketmq_dedup.stores.mysql.transaction import (
-    DbapiTransaction,
-    SqlAlchemyTransaction,
-    Transaction,
+    TransactionFactory,
     guard_engine,
+    readable,
+    record_row,
 )
 
 logger = logging.getLogger(__name__)
@@ -81,22 +75,7 @@ MAX_POOL_SIZE = 1024
 #: Seconds a caller waits for a connection when all ``pool_size`` are busy, before the
 #: operation fails as an outage.
 DEFAULT_POOL_TIMEOUT = 5.0
-READABLE_CHARS = 255
 _CLAIM_ATTEMPTS = 3
-
-
-def _readable(text: str) -> str:
-    if text.isascii():  # the common case: nothing to replace
-        return text[:READABLE_CHARS]
-    return text[:READABLE_CHARS].encode("utf-8", "replace").decode("utf-8")
-
-
-def _text(value: Any) -> Any:
-    """A text column's value as ``str``: drivers asked for ``use_unicode=False`` (or returning
-    binary strings) give bytes."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    return value
 
 
 def describe_factory(connect: Callable[[], Any]) -> str:
@@ -168,31 +147,24 @@ class MySQLDedupStore(DedupStore):
             "purge_scan": PURGE_SCAN_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
             "mark": MARK_SQL.format(table=table),
-            "schema": schema_sql(table_name),
         }
         self._table = table
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
         self._description = f"MySQL {describe_factory(connect)} table {self.table_name}"
         self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
-        # The exactly-once mode's transactions hold a connection for a whole handler: their own
-        # pool (opened on first use), so they never starve claims, marks and lease renewal.
-        self._tx_pool = ConnectionPool(self._open_tx_runner, pool_size, float(pool_timeout))
-        #: The SQLAlchemy ``Engine`` the store was built on (:meth:`from_engine`), else None.
-        self.engine: Any = None
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
         #: be too long (a table name of 61-64 characters): the mode then runs without one.
-        self.sequence_table_name: Optional[str] = None
-        with contextlib.suppress(DedupConfigError):
-            self.sequence_table_name = sequence_table_name(table_name)
-        seq = quote_table(self.sequence_table_name or "unused")
-        #: Statements of the exactly-once mode (:mod:`rocketmq_dedup.stores.mysql.transaction`).
-        self.transaction_sql: Dict[str, str] = {
-            "fenced_mark": FENCED_MARK_SQL.format(table=table),
-            "fenced_insert": FENCED_INSERT_SQL.format(table=table),
-            "seq_lock": SEQUENCE_LOCK_SQL.format(table=seq),
-            "seq_read": SEQUENCE_READ_SQL.format(table=seq),
-            "seq_set": SEQUENCE_SET_SQL.format(table=seq),
-        }
+        self.sequence_table_name: Optional[str] = sequence_table_name(table_name)
+        #: The exactly-once mode's transactions (:mod:`.transaction`): their own pool (opened on
+        #: first use), so a transaction held for a whole handler never starves claims, marks
+        #: and lease renewal.
+        self.transactions = TransactionFactory(
+            self._open_runner,
+            table_name,
+            self.sequence_table_name,
+            pool_size,
+            float(pool_timeout),
+        )
 
     @classmethod
     def from_engine(cls, engine: Any, **options: Any) -> MySQLDedupStore:
@@ -214,11 +186,16 @@ class MySQLDedupStore(DedupStore):
             return fairy.dbapi_connection
 
         store = cls(connect, **options)
-        store.engine = engine
+        store.transactions.engine = engine
         url = engine.url.render_as_string(hide_password=True)
         store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
         guard_engine(engine)
         return store
+
+    @property
+    def engine(self) -> Any:
+        """The SQLAlchemy ``Engine`` the store was built on (:meth:`from_engine`), else None."""
+        return self.transactions.engine
 
     @property
     def pool(self) -> ConnectionPool:
@@ -283,16 +260,18 @@ class MySQLDedupStore(DedupStore):
         """Close every connection of the pool (busy ones when their operation ends). The store
         stays usable: it reconnects on its next operation."""
         self._pool.close()
-        self._tx_pool.close()
+        self.transactions.close()
 
     # -- operator API --------------------------------------------------------------------
 
     def create_table(self) -> None:
-        """Create, if they do not exist (idempotent), every table the store uses: the dedup
-        table, and the exactly-once mode's sequence table (``<table>_seq``; see
+        """Create, if they do not exist (idempotent), every table the store uses
+        (:func:`~rocketmq_dedup.stores.mysql.sql.schema_statements`): the dedup table, and the
+        exactly-once mode's sequence table (``<table>_seq``; see
         :mod:`rocketmq_dedup.transactional`), which stays empty unless that mode's
         ``sequence_key`` is used."""
-        self._call(self._op, self._run, self._sql["schema"], ())
+        for statement in schema_statements(self.table_name):
+            self._call(self._op, self._run, statement, ())
         if self.sequence_table_name is None:
             logger.warning(
                 "%s: no sequence table (%s_seq would be longer than 64 characters); "
@@ -300,59 +279,6 @@ class MySQLDedupStore(DedupStore):
                 self._description,
                 self.table_name,
             )
-            return
-        self._call(self._op, self._run, sequence_schema_sql(self.table_name), ())
-
-    # -- exactly-once mode ---------------------------------------------------------------
-
-    def begin_transaction(self) -> Transaction:
-        """Open one message's business transaction (:mod:`.transaction`): on the engine when
-        the store was built on one, else on a connection of the store's transaction pool
-        (``pool_size`` connections in autocommit-off mode, apart from the pool of claims, and
-        each taken for a whole transaction: size it for the consumer's threads). Raises
-        :class:`StoreError` (:class:`StoreUnavailableError` for an outage)."""
-        return self._call(self._begin_transaction)
-
-    def _begin_transaction(self) -> Transaction:
-        tx: Transaction
-        if self.engine is not None:
-            tx = SqlAlchemyTransaction(self, self.engine)
-            try:
-                tx.begin()
-            except BaseException:
-                tx.close()
-                raise
-            return tx
-        return DbapiTransaction(self, self._tx_pool.take())
-
-    def _open_tx_runner(self) -> Runner:
-        """A connection for transactions: prepared as any, then autocommit off, so that a
-        transaction begins with its first statement (no ``START TRANSACTION`` round trip:
-        measured 58 us of a 370 us message) and whatever the factory asked for."""
-        runner = self._open_runner()
-        conn = runner.conn
-        try:
-            if isinstance(getattr(type(conn), "autocommit", None), property):
-                conn.autocommit = False  # mysql-connector-python
-            else:
-                conn.autocommit(False)
-        except BaseException:
-            runner.close()
-            raise
-        return runner
-
-    def return_runner(self, runner: Runner, discard: bool) -> None:
-        """Give a transaction's connection back to its pool, or close it."""
-        if discard:
-            self._tx_pool.discard(runner)
-        else:
-            self._tx_pool.give(runner)
-
-    def record_owner(self, element: DedupElement) -> Optional[Tuple[Optional[DedupStatus], str]]:
-        """The live record of ``element`` as (status, owner token), or None."""
-        digest = element_digest(element)
-        row = self._call(self._op, self._select, [digest]).get(digest)
-        return (parse_status(row[0]), str(row[1])) if row is not None else None
 
     def purge_expired(
         self,
@@ -402,57 +328,49 @@ class MySQLDedupStore(DedupStore):
         yet (``create_table()`` comes after)."""
         self._op(self._run, CHECK_SQL, (), True)
 
-    def _row(self, element: DedupElement, digest: bytes, owner: str, ms: int) -> List[Any]:
-        app, topic, tag, key = element
-        return [digest, _readable(app), _readable(topic), _readable(tag), _readable(key), owner, ms]
+    @staticmethod
+    def _row(claim: Claim, digest: bytes, ms: int) -> List[Any]:
+        """A claim's row values: key, readable columns, owner, and the lease or retention."""
+        return [*record_row(claim.element, digest), claim.owner, ms]
 
-    def _select(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Tuple[Any, Any]]:
-        """The live records of ``digests``: digest -> (status, owner)."""
+    def _select(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """The live records of ``digests``, by digest (the one place rows become records)."""
         sql = SELECT_SQL.format(table=self._table, marks=", ".join(["%s"] * len(digests)))
         return {
-            bytes(row[0]): (_text(row[1]), _text(row[2])) for row in runner.run(sql, digests, True)
+            bytes(row[0]): Record(
+                parse_status(column_text(row[1])), column_text(row[2]), max(0, int(row[3]))
+            )
+            for row in runner.run(sql, digests, True)
         }
 
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
-        return self._op(self._claim, element, owner, lease_ms)
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        return self._op(self._claim, claim, lease_ms)
 
-    def _claim(
-        self, runner: Runner, element: DedupElement, owner: str, lease_ms: int
-    ) -> ClaimResult:
-        digest = element_digest(element)
-        row = self._row(element, digest, owner, lease_ms)
-        if runner.run(self._claim_one, row, False) == 1:  # inserted: the fresh message
-            return CLAIMED
-        return self._settle(runner, [element], [owner], [digest], lease_ms)[0]
+    def _claim(self, runner: Runner, claim: Claim, lease_ms: int) -> ClaimResult:
+        digest = element_digest(claim.element)
+        if runner.run(self._claim_one, self._row(claim, digest, lease_ms), False) == 1:
+            return CLAIMED  # inserted: the fresh message
+        return self._resolve_refused(runner, [claim], [digest], lease_ms)[0]
 
-    def do_claim_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[ClaimResult]:
-        return self._op(self._claim_many, elements, owners, lease_ms)
+    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        return self._op(self._claim_many, claims, lease_ms)
 
     def _claim_many(
-        self,
-        runner: Runner,
-        elements: Sequence[DedupElement],
-        owners: Sequence[str],
-        lease_ms: int,
+        self, runner: Runner, claims: Sequence[Claim], lease_ms: int
     ) -> List[ClaimResult]:
-        digests = [element_digest(e) for e in elements]
-        everything = list(range(len(elements)))
+        digests = [element_digest(c.element) for c in claims]
+        everything = list(range(len(claims)))
         # First a plain insert: the cheapest statement, and a live record is left alone.
-        written = self._write(
-            runner, INSERT_CLAIM_SQL, elements, owners, digests, everything, lease_ms
-        )
-        if written == len(elements):
-            return [CLAIMED] * len(elements)
-        return self._settle(runner, elements, owners, digests, lease_ms)
+        written = self._write(runner, INSERT_CLAIM_SQL, claims, digests, everything, lease_ms)
+        if written == len(claims):
+            return [CLAIMED] * len(claims)
+        return self._resolve_refused(runner, claims, digests, lease_ms)
 
     def _write(
         self,
         runner: Runner,
         template: str,
-        elements: Sequence[DedupElement],
-        owners: Sequence[str],
+        claims: Sequence[Claim],
         digests: Sequence[bytes],
         indexes: List[int],
         lease_ms: int,
@@ -462,37 +380,36 @@ class MySQLDedupStore(DedupStore):
         indexes.sort(key=lambda i: digests[i])
         params: List[Any] = []
         for i in indexes:
-            params += self._row(elements[i], digests[i], owners[i], lease_ms)
+            params += self._row(claims[i], digests[i], lease_ms)
         sql = template.format(table=self._table, rows=", ".join([CLAIM_ROW] * len(indexes)))
         return int(runner.run(sql, params, False))
 
-    def _settle(
+    def _resolve_refused(
         self,
         runner: Runner,
-        elements: Sequence[DedupElement],
-        owners: Sequence[str],
+        claims: Sequence[Claim],
         digests: Sequence[bytes],
         lease_ms: int,
     ) -> List[ClaimResult]:
         """After the insert: read who holds each record; records that are not live (expired,
         or released meanwhile) are taken over by the upsert, and read again."""
         results: Dict[int, ClaimResult] = {}
-        pending = list(range(len(elements)))
+        pending = list(range(len(claims)))
         for attempt in range(_CLAIM_ATTEMPTS):
-            rows = self._select(runner, [digests[i] for i in pending])
+            records = self._select(runner, [digests[i] for i in pending])
             vanished = []
             for i in pending:
-                row = rows.get(digests[i])
-                if row is None:
+                record = records.get(digests[i])
+                if record is None:
                     vanished.append(i)
-                elif row[1] == owners[i] and row[0] == DedupStatus.CONSUMING.value:
+                elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
                     results[i] = CLAIMED
                 else:
-                    results[i] = ClaimResult(False, parse_status(row[0]), row[1])
+                    results[i] = ClaimResult(False, record)
             pending = vanished
             if not pending or attempt == _CLAIM_ATTEMPTS - 1:
                 break
-            written = self._write(runner, CLAIM_SQL, elements, owners, digests, pending, lease_ms)
+            written = self._write(runner, CLAIM_SQL, claims, digests, pending, lease_ms)
             if written == len(pending):
                 for i in pending:  # every row inserted (1 each; a takeover counts 2)
                     results[i] = CLAIMED
@@ -500,95 +417,71 @@ class MySQLDedupStore(DedupStore):
                 break
         for i in pending:  # kept vanishing: leave it to a later retry
             results[i] = HELD_BY_OTHER
-        return [results[i] for i in range(len(elements))]
+        return [results[i] for i in range(len(claims))]
 
-    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
-        self._op(self._mark_consumed, element, owner, retention_ms)
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        self._op(self._mark_consumed, claim, retention_ms)
 
-    def _mark_consumed(
-        self, runner: Runner, element: DedupElement, owner: str, retention_ms: int
-    ) -> None:
-        digest = element_digest(element)
+    def _mark_consumed(self, runner: Runner, claim: Claim, retention_ms: int) -> None:
+        digest = element_digest(claim.element)
         # The row is normally still ours: one UPDATE. If it vanished, the upsert recreates it.
-        if not runner.run(self._sql["mark"], (owner, retention_ms, digest), False):
-            self._mark_consumed_many(runner, [element], [owner], retention_ms)
+        if not runner.run(self._sql["mark"], (claim.owner, retention_ms, digest), False):
+            self._mark_consumed_many(runner, [claim], retention_ms)
 
-    def do_mark_consumed_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
-    ) -> None:
-        self._op(self._mark_consumed_many, elements, owners, retention_ms)
+    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        self._op(self._mark_consumed_many, claims, retention_ms)
 
     def _mark_consumed_many(
-        self,
-        runner: Runner,
-        elements: Sequence[DedupElement],
-        owners: Sequence[str],
-        retention_ms: int,
+        self, runner: Runner, claims: Sequence[Claim], retention_ms: int
     ) -> None:
         params: List[Any] = []
-        order = sorted(range(len(elements)), key=lambda i: element_digest(elements[i]))
-        for i in order:
-            params += self._row(elements[i], element_digest(elements[i]), owners[i], retention_ms)
+        digests = [element_digest(c.element) for c in claims]
+        for i in sorted(range(len(claims)), key=lambda i: digests[i]):
+            params += self._row(claims[i], digests[i], retention_ms)
         sql = MARK_CONSUMED_SQL.format(
-            table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(elements))
+            table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(claims))
         )
         runner.run(sql, params, False)
 
-    def do_release(self, element: DedupElement, owner: str) -> bool:
-        return self._op(self._release, [element], [owner]) == 1
+    def do_release(self, claim: Claim) -> bool:
+        return self._op(self._release, [claim]) == 1
 
-    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        return self._op(self._release, elements, owners)
+    def do_release_many(self, claims: Sequence[Claim]) -> int:
+        return self._op(self._release, claims)
 
-    def _release(
-        self, runner: Runner, elements: Sequence[DedupElement], owners: Sequence[str]
-    ) -> int:
+    def _release(self, runner: Runner, claims: Sequence[Claim]) -> int:
         sql = self._sql["release"]
-        return sum(
-            int(runner.run(sql, (element_digest(e), o), False)) == 1
-            for e, o in zip(elements, owners, strict=True)
-        )
+        return sum(int(runner.run(sql, (element_digest(e), o), False)) == 1 for e, o in claims)
 
-    def do_renew_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[bool]:
-        return self._op(self._renew_many, elements, owners, lease_ms)
+    def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
+        return self._op(self._renew_many, claims, lease_ms)
 
-    def _renew_many(
-        self,
-        runner: Runner,
-        elements: Sequence[DedupElement],
-        owners: Sequence[str],
-        lease_ms: int,
-    ) -> List[bool]:
+    def _renew_many(self, runner: Runner, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
         sql = self._sql["renew"]
         return [
-            int(runner.run(sql, (lease_ms, element_digest(e), o), False)) > 0
-            for e, o in zip(elements, owners, strict=True)
+            int(runner.run(sql, (lease_ms, element_digest(e), o), False)) > 0 for e, o in claims
         ]
 
-    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
-        digest = element_digest(element)
-        row = self._op(self._select, [digest]).get(digest)
-        return parse_status(row[0]) if row is not None else None
+    def do_read(self, element: DedupElement) -> Optional[Record]:
+        return self.do_read_many([element])[0]
+
+    def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
+        digests = [element_digest(e) for e in elements]
+        records = self._op(self._select, digests)
+        return [
+            found._replace(element=element) if found is not None else None
+            for found, element in (
+                (records.get(d), e) for d, e in zip(digests, elements, strict=True)
+            )
+        ]
 
     # -- operator hooks ------------------------------------------------------------------
-
-    def _record(self, row: Sequence[Any]) -> RecordInfo:
-        app, topic, tag, key, status, owner, left = (_text(v) for v in row)
-        return RecordInfo(
-            DedupElement(app, topic, tag, key), parse_status(status), owner, max(0, int(left))
-        )
 
     def _query(self, sql: str, params: Sequence[Any]) -> Any:
         return self._op(self._run, sql.format(table=self._table), params, True)
 
-    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
-        rows = self._query(INSPECT_SQL, (element_digest(element),))
-        return self._record(rows[0])._replace(element=element) if rows else None
-
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
-        record = self.do_inspect(element)
+        record = self.do_read(element)
         if record is None or record.status is None:
             return None
         if record.status is DedupStatus.CONSUMED and not force:
@@ -599,15 +492,15 @@ class MySQLDedupStore(DedupStore):
         return record.status if deleted else None
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
-        app = _readable(application)
-        counts = {str(_text(status)): int(n) for status, n in self._query(STATS_SQL, (app,))}
-        claims = [self._record(row) for row in self._query(CLAIMS_SQL, (app,))]
+        app = readable(application)
+        counts = {str(column_text(s)): int(n) for s, n in self._query(STATS_SQL, (app,))}
+        claims = [_listed(row) for row in self._query(CLAIMS_SQL, (app,))]
         return StoreStats(counts, oldest_claims(claims, limit))
 
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []
         begin = time.perf_counter()
-        version = str(_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
+        version = str(column_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
         checks.append(Diagnosis("server", True, f"version {version}"))
         times = []
         for _ in range(5):
@@ -617,7 +510,7 @@ class MySQLDedupStore(DedupStore):
         checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
         schema, _, table = self.table_name.rpartition(".")
         rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
-        columns = {str(_text(name)): str(_text(key)) for name, key in rows}
+        columns = {str(column_text(name)): str(column_text(key)) for name, key in rows}
         if not columns:
             checks.append(
                 Diagnosis("table", False, f"{self.table_name} does not exist: create_table()")
@@ -633,3 +526,10 @@ class MySQLDedupStore(DedupStore):
                 Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
             )
         return checks
+
+
+def _listed(row: Sequence[Any]) -> Record:
+    """A record listed by ``stats``: its element from the readable columns."""
+    app, topic, tag, key, status, owner, left = (column_text(v) for v in row)
+    element = DedupElement(app, topic, tag, key)
+    return Record(parse_status(status), owner, max(0, int(left)), element)

@@ -1,47 +1,79 @@
 """Business transactions for the exactly-once mode (:mod:`rocketmq_dedup.transactional`): the
-I/O half. A :class:`Transaction` is one message's transaction on the business database (the
-database of the MySQL store): it starts it, gives the handler its connection, runs the
-sequence guard's and the dedup record's statements inside it, and commits or rolls back.
-What to do with each outcome is decided by the strategy, never here.
+I/O half. A :class:`TransactionFactory` owns the pool of transaction connections and the
+statements, formatted for its tables; a :class:`Transaction` is one message's transaction on
+the business database: it gives the handler its connection, runs the sequence guard's and the
+dedup record's statements inside it, and commits or rolls back. What to do with each outcome is
+decided by the strategy (:mod:`rocketmq_dedup.strategy.exactly_once`), never here.
 
-Two kinds, picked by the store:
+The dedup record travels with the COMMIT: ``INSERT`` of the CONSUMED record, then ``COMMIT``,
+in one round trip on a connection that takes several statements in one text (mysqlclient's
+default), else one after the other. The record's primary key lets one copy of a message commit:
+the INSERT fails with ER_DUP_ENTRY when a record of the key exists (the COMMIT after it does
+not run), and the transaction is rolled back.
 
-* :class:`DbapiTransaction`: a connection taken from the store's transaction pool (each is
-  prepared as the store's others, utf8mb4 and UTC, then switched to autocommit off whatever
-  the connection factory asked for), so the transaction begins with its first statement, with
-  no ``START TRANSACTION`` round trip, and ends with the COMMIT or ROLLBACK. The
-  handler gets a :class:`HandlerConnection`: the same connection, with the calls that would end
-  or reconfigure the transaction refused (:data:`REFUSED_CALLS`). The connection goes back to
-  the pool after COMMIT or ROLLBACK; a connection that raised is closed, never reused.
+Two kinds, picked by the factory:
+
+* :class:`DbapiTransaction`: a connection taken from the factory's pool (each prepared as the
+  store's others, utf8mb4 and UTC, then switched to autocommit off whatever the connection
+  factory asked for), so the transaction begins with its first statement, with no
+  ``START TRANSACTION`` round trip, and ends with the COMMIT or ROLLBACK. The handler gets a
+  :class:`HandlerConnection`: the same connection, with the calls that would end or reconfigure
+  the transaction refused (:data:`REFUSED_CALLS`). The connection goes back to the pool after
+  COMMIT or ROLLBACK; a connection that raised is closed, never reused.
 * :class:`SqlAlchemyTransaction`: for a store built on a SQLAlchemy ``Engine``, a
   ``Connection`` from ``engine.connect()`` and its ``begin()`` (what ``engine.begin()`` does);
   the handler gets that ``Connection`` and the dedup statements run on it
-  (``exec_driver_sql``). ``commit()``/``rollback()`` of that connection during the handler are
-  refused by engine event listeners (see :func:`guard_engine`).
+  (``exec_driver_sql``), the record's INSERT and the COMMIT one after the other.
+  ``commit()``/``rollback()`` of that connection during the handler are refused by engine event
+  listeners (see :func:`guard_engine`).
 
-What cannot be prevented on either: SQL text that ends the transaction sent through a cursor
-(``COMMIT``, ``ROLLBACK``, DDL, ``SET autocommit = 1``, which commit implicitly), or the raw
-DB-API connection reached behind the proxy. Writes committed that way stay committed.
+Each transaction connection's session idle timeout (``wait_timeout``) is the longest an attempt
+may hold its key: a consumer frozen in its handler (SIGSTOP, a hung VM) leaves its session idle,
+and the server ends it after that long, rolling its transaction back and freeing its row locks
+and named lock; a killed consumer's session ends at once (its socket closes). A pooled
+connection idle for nearly that long is replaced before use, never handed out half-dead.
+
+What cannot be prevented on either kind: SQL text that ends the transaction sent through a
+cursor (``COMMIT``, ``ROLLBACK``, DDL, ``SET autocommit = 1``, which commit implicitly), or the
+raw DB-API connection reached behind the proxy. Writes committed that way stay committed.
 """
 
 from __future__ import annotations
 
 import abc
+import base64
+import enum
 import hashlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import TransactionMisuseError
 from rocketmq_dedup.message import DedupElement, element_digest, encode_text
-from rocketmq_dedup.stores.mysql.pool import Runner
-from rocketmq_dedup.stores.mysql.sql import DUPLICATE_ENTRY
-
-if TYPE_CHECKING:
-    from rocketmq_dedup.stores.mysql.store import MySQLDedupStore
+from rocketmq_dedup.stores.base import Record, parse_status
+from rocketmq_dedup.stores.mysql.pool import (
+    ConnectionPool,
+    Runner,
+    Statements,
+    column_text,
+    error_code,
+)
+from rocketmq_dedup.stores.mysql.sql import (
+    DUPLICATE_ENTRY,
+    KEY_LOCK_SQL,
+    KEY_UNLOCK_SQL,
+    MARK_CONSUMED_ROW,
+    RECORD_DELETE_EXPIRED_SQL,
+    RECORD_INSERT_SQL,
+    RECORD_LOCK_SQL,
+    SEQUENCE_LOCK_SQL,
+    SEQUENCE_READ_SQL,
+    SEQUENCE_SET_SQL,
+    quote_table,
+)
 
 logger = logging.getLogger(__name__)
-
 
 #: Calls on the handler's DB-API connection that are refused: each would end the message's
 #: transaction (PyMySQL's ``begin()`` and mysql-connector's ``start_transaction()`` commit the
@@ -61,6 +93,10 @@ REFUSED_CALLS = frozenset(
     }
 )
 
+#: A pooled transaction connection idle for this much less than its session's idle timeout is
+#: replaced rather than used (the server may be about to end its session).
+IDLE_MARGIN_S = 1.0
+
 
 def entity_digest(application: str, entity: str) -> bytes:
     """The sequence table's key: SHA-256 of the length-prefixed (application, entity)."""
@@ -71,14 +107,134 @@ def entity_digest(application: str, entity: str) -> bytes:
     return hashlib.sha256(b"".join(parts)).digest()
 
 
-def error_code(exc: BaseException) -> Optional[int]:
-    """The server error number of a driver exception (or of the one SQLAlchemy wraps)."""
-    exc = getattr(exc, "orig", None) or exc
-    code = getattr(exc, "errno", None)  # mysql-connector-python
-    if isinstance(code, int):
-        return code
-    args = getattr(exc, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
+def lock_name(digest: bytes) -> str:
+    """The named lock (``GET_LOCK``) of a record key: 58 characters (the server takes 64)."""
+    return "rocketmq_dedup:" + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+
+def readable(text: str) -> str:
+    """The first 255 characters, for the readable columns (as the store writes them)."""
+    if text.isascii():
+        return text[:255]
+    return text[:255].encode("utf-8", "replace").decode("utf-8")
+
+
+def record_row(element: DedupElement, digest: bytes) -> List[Any]:
+    """The key and readable columns of ``element``'s row."""
+    app, topic, tag, key = element
+    return [digest, readable(app), readable(topic), readable(tag), readable(key)]
+
+
+class KeyLock(enum.Enum):
+    """What :meth:`Transaction.lock_key` found."""
+
+    TAKEN = "taken"
+    """No live record, and this session now holds the key's named lock."""
+    HELD = "held"
+    """Another session holds the key's named lock: a copy is in its handler."""
+    RECORDED = "recorded"
+    """The key has a live record (see :attr:`Transaction.found`)."""
+
+
+class Refused(NamedTuple):
+    """Why the record's INSERT was refused: the record in the way."""
+
+    record: Record
+
+
+class TransactionFactory:
+    """Opens the exactly-once mode's transactions: owns the pool of transaction connections
+    (apart from the store's pool of claims, so a transaction held for a whole handler never
+    starves them) and the statements, formatted for its tables.
+
+    :param open_runner: opens a new prepared connection (the store's).
+    :param table: the dedup table; ``sequence_table``: its ``<table>_seq`` (None: none).
+    :param engine: a SQLAlchemy ``Engine`` to run transactions on instead of the pool.
+    """
+
+    def __init__(
+        self,
+        open_runner: Callable[[], Runner],
+        table: str,
+        sequence_table: Optional[str],
+        pool_size: int,
+        pool_timeout: float,
+        engine: Any = None,
+    ) -> None:
+        self._open_runner = open_runner
+        self.engine = engine
+        self.pool = ConnectionPool(self._open_tx_runner, pool_size, pool_timeout)
+        quoted, seq = quote_table(table), quote_table(sequence_table or "unused")
+        self.sql: Dict[str, str] = {
+            "insert": RECORD_INSERT_SQL.format(table=quoted),
+            "lock_record": RECORD_LOCK_SQL.format(table=quoted),
+            "delete_expired": RECORD_DELETE_EXPIRED_SQL.format(table=quoted),
+            "lock_key": KEY_LOCK_SQL.format(table=quoted),
+            "unlock_key": KEY_UNLOCK_SQL,
+            "seq_lock": SEQUENCE_LOCK_SQL.format(table=seq),
+            "seq_read": SEQUENCE_READ_SQL.format(table=seq),
+            "seq_set": SEQUENCE_SET_SQL.format(table=seq),
+        }
+        assert MARK_CONSUMED_ROW in RECORD_INSERT_SQL  # one row layout for every CONSUMED write
+
+    def begin(self, hold_seconds: int) -> Transaction:
+        """Open one message's transaction, whose session ends after ``hold_seconds`` idle.
+        Raises what the driver raised (the caller wraps it)."""
+        if self.engine is not None:
+            tx = SqlAlchemyTransaction(self, self.engine)
+            try:
+                tx.begin(hold_seconds)
+            except BaseException:
+                tx.close()
+                raise
+            return tx
+        return DbapiTransaction(self, self._take(hold_seconds))
+
+    def _take(self, hold_seconds: int) -> Runner:
+        """A pooled connection fit for a transaction: one idle for nearly its session's idle
+        timeout is replaced; the timeout is set when it differs (once per connection)."""
+        pool = self.pool
+        while True:
+            runner = pool.take()
+            timeout = runner.wait_timeout
+            if timeout is None or time.monotonic() - runner.idle_since < timeout - IDLE_MARGIN_S:
+                break
+            pool.discard(runner)
+        if timeout != hold_seconds:
+            try:
+                runner.run("SET SESSION wait_timeout = %s", (hold_seconds,), False)
+            except BaseException:
+                pool.discard(runner)
+                raise
+            runner.wait_timeout = hold_seconds
+        return runner
+
+    def _open_tx_runner(self) -> Runner:
+        """A connection for transactions: prepared as any, then autocommit off, so that a
+        transaction begins with its first statement (no ``START TRANSACTION`` round trip) and
+        whatever the factory asked for."""
+        runner = self._open_runner()
+        conn = runner.conn
+        try:
+            if isinstance(getattr(type(conn), "autocommit", None), property):
+                conn.autocommit = False  # mysql-connector-python
+            else:
+                conn.autocommit(False)
+        except BaseException:
+            runner.close()
+            raise
+        runner.idle_since = time.monotonic()
+        return runner
+
+    def give_back(self, runner: Runner, discard: bool) -> None:
+        """Return a transaction's connection to the pool, or close it."""
+        if discard:
+            self.pool.discard(runner)
+        else:
+            self.pool.give(runner)
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 class HandlerConnection:
@@ -113,9 +269,9 @@ class HandlerConnection:
 
 
 class Transaction(abc.ABC):
-    """One message's transaction. Use: :meth:`begin`, optionally :meth:`lock_sequence`, the
-    handler on :attr:`conn` inside :meth:`guarded`, :meth:`set_sequence`,
-    :meth:`mark_consumed`, then :meth:`commit` or :meth:`rollback`; :meth:`close` always.
+    """One message's transaction. Use: optionally :meth:`lock_key` and :meth:`lock_sequence`,
+    the handler on :attr:`conn` inside :meth:`guarded`, then :meth:`commit_record` (or
+    :meth:`commit`) or :meth:`rollback`; :meth:`close` always.
 
     Every method raises what the driver raised (the caller maps it to a store error); after
     that the transaction is :attr:`broken` and :meth:`close` discards its connection."""
@@ -123,11 +279,15 @@ class Transaction(abc.ABC):
     #: What the handler gets.
     conn: Any
 
-    def __init__(self, store: MySQLDedupStore) -> None:
-        self.store = store
+    def __init__(self, factory: TransactionFactory) -> None:
+        self.factory = factory
+        self.sql = factory.sql
         self.broken = False
         self.misuse: Optional[str] = None  # what the handler did that it must not
         self._guarding = False
+        self._lock: Optional[str] = None  # the named lock this session holds
+        #: The live record :meth:`lock_key` found (``KeyLock.RECORDED``).
+        self.found: Optional[Record] = None
 
     # -- driver-specific ------------------------------------------------------------------
 
@@ -136,7 +296,9 @@ class Transaction(abc.ABC):
         """Run one statement in the transaction: rows if ``fetch``, else the row count."""
 
     @abc.abstractmethod
-    def _begin(self) -> None: ...
+    def _execute_all(self, statements: Statements) -> None:
+        """Run statements in order (one round trip where the connection allows); raise at the
+        first that fails."""
 
     @abc.abstractmethod
     def _commit(self) -> None: ...
@@ -167,13 +329,6 @@ class Transaction(abc.ABC):
             self.broken = True
             raise
 
-    def begin(self) -> None:
-        try:
-            self._begin()
-        except BaseException:
-            self.broken = True
-            raise
-
     def refuse(self, what: str) -> None:
         """Called by the guards: record the misuse and raise it into the handler."""
         if self.misuse is None:
@@ -188,44 +343,84 @@ class Transaction(abc.ABC):
         """A context manager for the handler call: misuse is refused while it is open."""
         return _Guard(self)
 
+    def lock_key(self, element: DedupElement) -> KeyLock:
+        """Before the handler (``claim="before_handler"``): the key's live record, or its named
+        lock, in one round trip. The lock is freed with the COMMIT or ROLLBACK."""
+        digest = element_digest(element)
+        name = lock_name(digest)
+        rows = self._run(self.sql["lock_key"], (name, digest), True)
+        status, taken = rows[0] if rows else (None, None)
+        if status is not None:
+            self.found = Record(parse_status(column_text(status)), element=element)
+            return KeyLock.RECORDED
+        if taken is not None and int(taken) == 1:
+            self._lock = name
+            return KeyLock.TAKEN
+        return KeyLock.HELD
+
     def lock_sequence(self, application: str, entity: str) -> Optional[int]:
         """Lock the entity's sequence row until the end of the transaction (creating it when
         new) and return its last applied sequence number (None: nothing applied yet)."""
         digest = entity_digest(application, entity)
-        sql = self.store.transaction_sql
-        self._run(sql["seq_lock"], (digest, _readable(application), _readable(entity)))
-        rows = self._run(sql["seq_read"], (digest,), True)
+        self._run(self.sql["seq_lock"], (digest, readable(application), readable(entity)))
+        rows = self._run(self.sql["seq_read"], (digest,), True)
         value = rows[0][0] if rows else None
         return None if value is None else int(value)
 
-    def set_sequence(self, application: str, entity: str, seq: int) -> None:
-        digest = entity_digest(application, entity)
-        self._run(self.store.transaction_sql["seq_set"], (seq, digest))
-
-    def mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> bool:
-        """Write the CONSUMED record in the transaction, fenced by ``owner``'s claim; False
-        when another attempt owns or owned the key (this transaction must not commit).
-
-        The fenced UPDATE matches the row only while it is still ``owner``'s CONSUMING claim.
-        If it matches none, a plain INSERT is tried: the primary key refuses it when any record
-        of the key exists, and it succeeds only when the record was lost (deleted), in which
-        case no other attempt can commit the key after this one."""
+    def commit_record(
+        self,
+        element: DedupElement,
+        owner: str,
+        retention_ms: int,
+        sequence: Optional[Tuple[str, str, int]] = None,
+    ) -> Optional[Refused]:
+        """Write the CONSUMED record (and the entity's new sequence number, ``(application,
+        entity, seq)``) and COMMIT, in one round trip where the connection allows. Returns
+        None when committed; else the record that refused it (the transaction is then still
+        open: the caller rolls it back). An expired record in the way is deleted and the
+        record written again, in the same transaction."""
         digest = element_digest(element)
-        sql = self.store.transaction_sql
-        if self._run(sql["fenced_mark"], (owner, retention_ms, digest, owner)) == 1:
-            return True
-        app, topic, tag, key = element
-        row = (digest, _readable(app), _readable(topic), _readable(tag), _readable(key))
-        try:
-            self._execute(sql["fenced_insert"], (*row, owner, retention_ms), False)
-        except Exception as exc:
-            if error_code(exc) == DUPLICATE_ENTRY:  # the statement failed, not the connection
-                return False
-            self.broken = True
-            raise
-        return True
+        insert = (self.sql["insert"], (*record_row(element, digest), owner, retention_ms))
+        statements: List[Tuple[str, Sequence[Any]]] = []
+        if sequence is not None:
+            app, entity, seq = sequence
+            statements.append((self.sql["seq_set"], (seq, entity_digest(app, entity))))
+        statements.append(insert)
+        for attempt in (1, 2):
+            try:
+                self._write_and_commit(statements)
+                return None
+            except Exception as exc:
+                if error_code(exc) != DUPLICATE_ENTRY:
+                    self.broken = True
+                    raise
+            rows = self._run(self.sql["lock_record"], (digest,), True)
+            if not rows:  # deleted meanwhile (an operator): write it again
+                statements = [insert]
+                continue
+            status, holder, expired = rows[0]
+            if not int(expired) or attempt == 2:
+                record = Record(parse_status(column_text(status)), column_text(holder))
+                return Refused(record._replace(element=element))
+            self._run(self.sql["delete_expired"], (digest,))
+            statements = [insert]  # the sequence update (if any) is already done
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _write_and_commit(self, statements: List[Tuple[str, Sequence[Any]]]) -> None:
+        """``statements``, COMMIT, and the named lock's release, in one go where possible."""
+        self._execute_all([*statements, *self._end_statements("COMMIT")])
+        self._lock = None
+
+    def _end_statements(self, end: str) -> List[Tuple[str, Sequence[Any]]]:
+        """``end`` (COMMIT or ROLLBACK), then the release of the named lock this session
+        holds, if any."""
+        statements: List[Tuple[str, Sequence[Any]]] = [(end, ())]
+        if self._lock is not None:
+            statements.append((self.sql["unlock_key"], (self._lock,)))
+        return statements
 
     def commit(self) -> None:
+        """COMMIT without a record (a message without a dedup key)."""
         try:
             self._commit()
         except BaseException:
@@ -233,17 +428,25 @@ class Transaction(abc.ABC):
             raise
 
     def rollback(self) -> None:
-        """Roll back; never raises (a connection that cannot roll back is discarded, and the
-        server rolls its transaction back when it is closed)."""
+        """Roll back (and free the named lock); never raises (a connection that cannot is
+        discarded, and the server rolls its transaction back and frees its locks when the
+        session ends)."""
         try:
-            self._rollback()
+            if self._lock is not None:
+                self._execute_all(self._end_statements("ROLLBACK"))
+                self._lock = None
+            else:
+                self._rollback()
         except BaseException:
             self.broken = True
             logger.debug("rollback failed; the connection will be discarded", exc_info=True)
 
     def close(self) -> None:
-        """Give the connection back (discard it if anything raised on it)."""
+        """Give the connection back (discard it if anything raised on it, or if it may still
+        hold the named lock)."""
         self._guarding = False
+        if self._lock is not None:
+            self.broken = True
         try:
             self._release()
         except Exception:
@@ -266,20 +469,19 @@ class _Guard:
 
 
 class DbapiTransaction(Transaction):
-    """A transaction on a connection of the store's pool (see the module docstring)."""
+    """A transaction on a connection of the factory's pool (see the module docstring); it
+    begins with its first statement."""
 
-    def __init__(self, store: MySQLDedupStore, runner: Runner) -> None:
-        super().__init__(store)
+    def __init__(self, factory: TransactionFactory, runner: Runner) -> None:
+        super().__init__(factory)
         self._runner = runner
         self.conn = HandlerConnection(runner.conn, self)
 
     def _execute(self, sql: str, params: Sequence[Any], fetch: bool) -> Any:
         return self._runner.run(sql, params, fetch)
 
-    def _begin(self) -> None:
-        """Nothing to send: the connection is in autocommit-off mode, so the transaction
-        begins with its first statement. (A connection lost while idle in the pool fails that
-        statement: the message is retried and the connection discarded.)"""
+    def _execute_all(self, statements: Statements) -> None:
+        self._runner.run_all(statements)
 
     def _commit(self) -> None:
         self._runner.conn.commit()
@@ -288,7 +490,7 @@ class DbapiTransaction(Transaction):
         self._runner.conn.rollback()
 
     def _release(self) -> None:
-        self.store.return_runner(self._runner, self.broken or self.misuse is not None)
+        self.factory.give_back(self._runner, self.broken or self.misuse is not None)
 
 
 # -- SQLAlchemy -----------------------------------------------------------------------------------
@@ -325,7 +527,7 @@ def guard_engine(engine: Any) -> None:
 
 
 class SqlAlchemyTransaction(Transaction):
-    """A transaction on a SQLAlchemy ``Connection`` of the store's engine (module docstring).
+    """A transaction on a SQLAlchemy ``Connection`` of the factory's engine (module docstring).
 
     Refused during the handler: ``conn.commit()``, ``conn.rollback()`` and ``conn.close()``
     (engine events, before any DB-API call). Detected after it: a transaction that is no longer
@@ -334,26 +536,43 @@ class SqlAlchemyTransaction(Transaction):
     ``begin()`` opens no transaction at all. Not prevented: ``conn.connection.commit()`` (the
     raw DB-API connection) and SQL text that ends the transaction."""
 
-    def __init__(self, store: MySQLDedupStore, engine: Any) -> None:
-        super().__init__(store)
+    def __init__(self, factory: TransactionFactory, engine: Any) -> None:
+        super().__init__(factory)
         self.conn = engine.connect()
         self._root: Any = None
+
+    def begin(self, hold_seconds: int) -> None:
+        try:
+            self._root = self.conn.begin()
+            dbapi = self.conn.connection.dbapi_connection
+            get_autocommit = getattr(dbapi, "get_autocommit", None)  # mysqlclient, PyMySQL
+            if get_autocommit is not None and get_autocommit():
+                self.misuse = "autocommit"
+                raise TransactionMisuseError(
+                    "the engine's connections are in autocommit mode (isolation_level="
+                    "'AUTOCOMMIT'): engine.begin() opens no transaction there, so the "
+                    "handler's writes could not be rolled back; use the default isolation level"
+                )
+            info = self.conn.connection.info  # lives as long as the DB-API connection
+            if info.get("rocketmq_dedup_wait_timeout") != hold_seconds:
+                self._execute("SET SESSION wait_timeout = %s", (hold_seconds,), False)
+                info["rocketmq_dedup_wait_timeout"] = hold_seconds
+        except BaseException:
+            self.broken = True
+            raise
 
     def _execute(self, sql: str, params: Sequence[Any], fetch: bool) -> Any:
         result = self.conn.exec_driver_sql(sql, tuple(params))
         return result.fetchall() if fetch else result.rowcount
 
-    def _begin(self) -> None:
-        self._root = self.conn.begin()
-        dbapi = self.conn.connection.dbapi_connection
-        get_autocommit = getattr(dbapi, "get_autocommit", None)  # mysqlclient, PyMySQL
-        if get_autocommit is not None and get_autocommit():
-            self.misuse = "autocommit"
-            raise TransactionMisuseError(
-                "the engine's connections are in autocommit mode (isolation_level="
-                "'AUTOCOMMIT'): engine.begin() opens no transaction there, so the handler's "
-                "writes could not be rolled back; use the default isolation level"
-            )
+    def _execute_all(self, statements: Statements) -> None:
+        for sql, params in statements:
+            if sql == "COMMIT":
+                self._root.commit()
+            elif sql == "ROLLBACK":
+                self._rollback()
+            else:
+                self._execute(sql, params, False)
 
     def ended_by_handler(self) -> Optional[str]:
         if self.misuse is not None:
@@ -391,6 +610,18 @@ class SqlAlchemyTransaction(Transaction):
         self.conn.close()
 
 
-def _readable(text: str) -> str:
-    """The first 255 characters, for the readable columns (as the store writes them)."""
-    return text[:255].encode("utf-8", "replace").decode("utf-8")
+__all__ = [
+    "REFUSED_CALLS",
+    "DbapiTransaction",
+    "HandlerConnection",
+    "KeyLock",
+    "Refused",
+    "SqlAlchemyTransaction",
+    "Transaction",
+    "TransactionFactory",
+    "entity_digest",
+    "guard_engine",
+    "lock_name",
+    "readable",
+    "record_row",
+]

@@ -15,7 +15,7 @@ import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rocketmq_dedup.message import DedupElement, encode_text, escape_segment, to_text
-from rocketmq_dedup.stores.base import CLAIMED, ClaimResult, RecordInfo, parse_status
+from rocketmq_dedup.stores.base import CLAIMED, ClaimResult, Record, parse_status
 from rocketmq_dedup.stores.redis.coalesce import Request
 
 DEFAULT_KEY_PREFIX = "MSGDEDUP"
@@ -208,18 +208,20 @@ def claim_result(reply: Any) -> ClaimResult:
     """A claim's per-key reply: 1 when ours, else the record's value."""
     if reply == 1:
         return CLAIMED
-    text = to_text(reply)
-    return ClaimResult(False, parse_status(text), text.partition(":")[2] or None)
+    return ClaimResult(False, parse_record(reply))
 
 
-def record_info(element: DedupElement, value: Any, pttl: Any) -> Optional[RecordInfo]:
-    """A record as an operator sees it, from its value and ``PTTL``; None if there is none."""
+def parse_record(
+    value: Any, pttl: Any = None, element: Optional[DedupElement] = None
+) -> Optional[Record]:
+    """A record from its value (``STATUS:<owner token>``) and, when read, its ``PTTL``; None
+    when there is no value. The one place a Redis record's value is read."""
     if value is None:
         return None
     text = to_text(value)
-    _, _, owner = text.partition(":")
-    millis = int(pttl)
-    return RecordInfo(element, parse_status(text), owner, millis if millis >= 0 else None)
+    owner = text.partition(":")[2]
+    millis = int(pttl) if pttl is not None else -1
+    return Record(parse_status(text), owner or None, millis if millis >= 0 else None, element)
 
 
 _UNESCAPE = re.compile(rb"%(25|3A|7B|7D)")

@@ -25,10 +25,11 @@ from rocketmq_dedup.errors import DedupConfigError, MissingExtraError
 from rocketmq_dedup.message import DedupElement, to_text
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
+    Claim,
     ClaimResult,
     DedupStore,
     Diagnosis,
-    RecordInfo,
+    Record,
     StoreStats,
     count_statuses,
     oldest_claims,
@@ -51,8 +52,8 @@ from rocketmq_dedup.stores.redis.records import (
     app_key_pattern,
     claim_result,
     parse_key,
+    parse_record,
     plan_calls,
-    record_info,
 )
 
 try:  # the [redis] extra
@@ -115,9 +116,10 @@ class RedisDedupStore(DedupStore):
         self._set_nx_get = True  # until the server says it has no SET NX GET
         # The connection of the coalesced round trips, checked out of the client's pool. The
         # finalizer gives it back when the store is dropped without close(); it references the
-        # lease only, never the store.
-        self._lease = transport.Lease(None if self._cluster else client.connection_pool)
-        self._finalizer = weakref.finalize(self, self._lease.orphan)
+        # pinned connection only, never the store.
+        pool = None if self._cluster else client.connection_pool
+        self._pinned = transport.PinnedConnection(pool)
+        self._finalizer = weakref.finalize(self, self._pinned.orphan)
         self._finalizer.atexit = False  # sockets close with the process anyway
         transport.release_orphans()
 
@@ -133,44 +135,49 @@ class RedisDedupStore(DedupStore):
 
     # -- I/O hooks -----------------------------------------------------------------------
 
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> ClaimResult:
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        element, owner = claim
         reply = self._request(CLAIM, lease_ms, [self.record_key(element)], [CONSUMING + owner])
         return claim_result(reply[0])
 
-    def do_claim_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[ClaimResult]:
-        keys = [self.record_key(e) for e in elements]
-        reply = self._request(CLAIM, lease_ms, keys, [CONSUMING + o for o in owners])
+    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        reply = self._request(CLAIM, lease_ms, *self._keys_and_values(claims, CONSUMING))
         return [claim_result(r) for r in reply]
 
-    def do_mark_consumed(self, element: DedupElement, owner: str, retention_ms: int) -> None:
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        element, owner = claim
         self._request(MARK, retention_ms, [self.record_key(element)], [CONSUMED + owner])
 
-    def do_mark_consumed_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], retention_ms: int
-    ) -> None:
-        keys = [self.record_key(e) for e in elements]
-        self._request(MARK, retention_ms, keys, [CONSUMED + o for o in owners])
+    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        self._request(MARK, retention_ms, *self._keys_and_values(claims, CONSUMED))
 
-    def do_release(self, element: DedupElement, owner: str) -> bool:
+    def do_release(self, claim: Claim) -> bool:
+        element, owner = claim
         reply = self._request(RELEASE, 0, [self.record_key(element)], [CONSUMING + owner])
         return int(reply[0]) == 1
 
-    def do_release_many(self, elements: Sequence[DedupElement], owners: Sequence[str]) -> int:
-        keys = [self.record_key(e) for e in elements]
-        reply = self._request(RELEASE, 0, keys, [CONSUMING + o for o in owners])
+    def do_release_many(self, claims: Sequence[Claim]) -> int:
+        reply = self._request(RELEASE, 0, *self._keys_and_values(claims, CONSUMING))
         return sum(int(r) for r in reply)
 
-    def do_renew_many(
-        self, elements: Sequence[DedupElement], owners: Sequence[str], lease_ms: int
-    ) -> List[bool]:
-        keys = [self.record_key(e) for e in elements]
-        reply = self._request(RENEW, lease_ms, keys, [CONSUMING + o for o in owners])
+    def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
+        reply = self._request(RENEW, lease_ms, *self._keys_and_values(claims, CONSUMING))
         return [int(r) == 1 for r in reply]
 
-    def do_get_status(self, element: DedupElement) -> Optional[DedupStatus]:
-        return parse_status(to_text(self.client.get(self.record_key(element))))
+    def _keys_and_values(
+        self, claims: Sequence[Claim], status: str
+    ) -> Tuple[List[bytes], List[str]]:
+        """The record keys of ``claims`` and their values with ``status`` (``CONSUMING:`` or
+        ``CONSUMED:``) before each owner token."""
+        return [self.record_key(e) for e, _ in claims], [status + o for _, o in claims]
+
+    def do_read(self, element: DedupElement) -> Optional[Record]:
+        key = self.record_key(element)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(key)
+        pipe.pttl(key)
+        value, pttl = pipe.execute()
+        return parse_record(value, pttl, element)
 
     def do_check(self) -> None:
         """PING through the client (every primary of a cluster): the pool the store's own
@@ -178,14 +185,6 @@ class RedisDedupStore(DedupStore):
         self.client.ping()
 
     # -- operator hooks (the CLI): through the client, never on the hot path ---------------
-
-    def do_inspect(self, element: DedupElement) -> Optional[RecordInfo]:
-        key = self.record_key(element)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(key)
-        pipe.pttl(key)
-        value, pttl = pipe.execute()
-        return record_info(element, value, pttl)
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
         key = self.record_key(element)
@@ -197,7 +196,7 @@ class RedisDedupStore(DedupStore):
         values and TTLs, 500 keys a round trip."""
         pattern = app_key_pattern(self.key_prefix, application)
         keys = list(self.client.scan_iter(match=pattern, count=1000))
-        records: List[RecordInfo] = []
+        records: List[Record] = []
         for start in range(0, len(keys), 500):
             chunk = keys[start : start + 500]
             pipe = self.client.pipeline(transaction=False)
@@ -207,9 +206,11 @@ class RedisDedupStore(DedupStore):
             replies = pipe.execute()
             for i, key in enumerate(chunk):
                 element = parse_key(key if isinstance(key, bytes) else key.encode())
-                info = record_info(element, replies[2 * i], replies[2 * i + 1]) if element else None
-                if info is not None:
-                    records.append(info)
+                record = (
+                    parse_record(replies[2 * i], replies[2 * i + 1], element) if element else None
+                )
+                if record is not None:
+                    records.append(record)
         return StoreStats(count_statuses(records), oldest_claims(records, limit))
 
     def do_diagnose(self) -> List[Diagnosis]:
@@ -269,7 +270,7 @@ class RedisDedupStore(DedupStore):
     def close(self) -> None:
         """Give the store's connection back to the client's pool (disconnected); never closes
         the user's client. The store stays usable: it takes a connection again if needed."""
-        self._lease.release()
+        self._pinned.release()
         transport.release_orphans()
 
     # -- execution -----------------------------------------------------------------------
@@ -331,7 +332,7 @@ class RedisDedupStore(DedupStore):
         store's own connection, else through the client."""
         if self._coalescer is None:
             return transport.send_through_client(self.client, commands)
-        return self._lease.round_trip(commands)
+        return self._pinned.round_trip(commands)
 
 
 def _version(text: str) -> Tuple[int, ...]:

@@ -84,7 +84,7 @@ def join_parts(request: Request, parts: Sequence[Request]) -> None:
 
 # -- the store's own connection --------------------------------------------------------------
 
-#: Incremented in a forked child: a lease taken before the fork belongs to the parent.
+#: Incremented in a forked child: a connection pinned before the fork belongs to the parent.
 _forks = [0]
 
 
@@ -122,7 +122,7 @@ def _needs_command_name(pool_type: Any) -> bool:
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
-class Lease:
+class PinnedConnection:
     """A connection checked out of the client's pool for the store's coalesced round trips.
 
     ``pool.get_connection()`` connects it the pool's way. A connection built from the pool's
@@ -169,7 +169,7 @@ class Lease:
             _orphans.append((self.pool, conn))
 
     def round_trip(self, commands: Sequence[Command]) -> List[Any]:
-        """Send commands in one round trip on the leased connection; error replies come back
+        """Send commands in one round trip on the pinned connection; error replies come back
         as ResponseError values. A lost connection is replaced once (every command the store
         sends is safe to repeat); any failure gives the connection back, so no later round trip
         can read this one's unread replies."""

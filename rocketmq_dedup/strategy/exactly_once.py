@@ -1,0 +1,400 @@
+"""The exactly-once decisions of :class:`~rocketmq_dedup.TransactionalDedupListener`: the
+handler's writes and the dedup record commit in one transaction (the I/O is the MySQL store's
+:class:`~rocketmq_dedup.stores.mysql.transaction.TransactionFactory`).
+
+Per message, with ``exactly_once_claim="at_commit"`` (the default)::
+
+    twin in its handler in this process  -> RECONSUME_LATER at once (or, with
+                                            in_progress_wait_milli_seconds, its outcome)
+    a redelivery, or a key this process   -> its record is looked up first (one round trip):
+    committed lately                         CONSUMED -> acked without the handler
+    otherwise                             -> one transaction: [sequence guard], the handler,
+                                            then the record's INSERT with the COMMIT (one
+                                            round trip). The key refuses a second record:
+                                            a copy that committed first wins, the other is
+                                            rolled back and acked as its duplicate.
+
+With ``"before_handler"`` the transaction starts with the key's look-up and named lock (one
+round trip): a CONSUMED record -> acked; a lock another session holds -> RECONSUME_LATER at
+once, whatever locks that copy's transaction holds; else the handler runs holding the lock,
+which the COMMIT's round trip frees.
+
+Never "consume without dedup": a store outage, a refused record this library cannot read, a
+sequence key that fails are all RECONSUME_LATER.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import threading
+import time
+from typing import Any, List, Optional, Tuple, Union
+
+from rocketmq_dedup.config import DedupConfig, Snapshot, fits_bigint
+from rocketmq_dedup.errors import (
+    DedupConfigError,
+    StoreError,
+    StoreUnavailableError,
+    TransactionMisuseError,
+)
+from rocketmq_dedup.hooks import Hooks
+from rocketmq_dedup.inflight import InFlight, in_flight
+from rocketmq_dedup.message import DedupElement, reconsume_times
+from rocketmq_dedup.metrics import StoreOp
+from rocketmq_dedup.owner import new_owner_token, with_fingerprint
+from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
+from rocketmq_dedup.stores.base import Record
+from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.stores.mysql.transaction import KeyLock, Transaction
+from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
+from rocketmq_dedup.strategy.rules import LATER, SUCCESS, answer
+
+logger = logging.getLogger(__name__)
+
+#: How many keys committed by this process are remembered (a duplicate of one is looked up
+#: before its handler runs).
+RECENT_KEYS = 4096
+
+
+class _Bad(enum.Enum):
+    """``sequence_key`` failed (logged): the message is retried later."""
+
+    BAD = "bad"
+
+
+class _Verdict(enum.Enum):
+    RUN = "run"
+    STALE = "stale"  # ack without the handler
+    GAP = "gap"  # strict only: RECONSUME_LATER without the handler
+
+
+SequenceKey = Union[None, Tuple[str, int], _Bad]
+
+
+class TransactionalStrategy(DedupTemplate):
+    """The exactly-once decisions (module docstring) on the consume template."""
+
+    def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
+        super().__init__(config, hooks)
+        if not isinstance(self.store, MySQLDedupStore):  # checked by the listener too
+            raise DedupConfigError("the exactly-once mode needs the MySQL store")
+        self.mysql: MySQLDedupStore = self.store
+        self._in_flight: InFlight = in_flight(self.store)
+        self._recent: collections.OrderedDict[DedupElement, None] = collections.OrderedDict()
+        self._recent_lock = threading.Lock()
+
+    # -- claim: what is decided before any transaction --------------------------------------
+
+    def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
+        """Twins in this process are answered at once (or from their twin's outcome); the
+        others are held (entered in the in-process registry), and those likely to be
+        duplicates (redeliveries, keys committed here lately) are looked up in one round
+        trip."""
+        held, suspects = [], []
+        for delivery in keyed:
+            element: DedupElement = delivery.element  # type: ignore[assignment]
+            mine, twin = self._in_flight.enter(element, snap.hold_ms)
+            if twin is not None:
+                consumed = None
+                if snap.in_progress_wait_ms:
+                    consumed = self._in_flight.wait(twin, snap.in_progress_wait_ms)
+                status = DedupStatus.CONSUMED if consumed else DedupStatus.CONSUMING
+                delivery.status = self._duplicate(delivery, status)
+                continue
+            delivery.attempt = mine
+            held.append(delivery)
+            if reconsume_times(delivery.msg) > 0 or element in self._recent:
+                suspects.append(delivery)
+        if suspects:
+            elements = [d.element for d in suspects]
+            try:
+                records = self._store_call(snap, StoreOp.LOOKUP, self.store.read_many, elements)
+            except StoreError as exc:
+                self._store_failed(suspects, exc, snap)
+                return held
+            for delivery, record in zip(suspects, records, strict=True):
+                if record is not None:
+                    delivery.status = self._refused(delivery, record, snap)
+        return held
+
+    def _refused(self, delivery: Delivery, record: Record, snap: Snapshot) -> ConsumeStatus:
+        """The answer for a message whose key has another attempt's record (or is locked by
+        one): never "run without dedup" here, so an unreadable record is RECONSUME_LATER."""
+        status = self._duplicate_status(delivery, record, snap)
+        if status is None:
+            delivery.outcome = Outcome.STORE_ERROR_LATER
+            return LATER
+        return status
+
+    def _store_failed(self, deliveries: List[Delivery], exc: StoreError, snap: Snapshot) -> None:
+        """The exactly-once mode never consumes without its database, whatever
+        ``store_failure_policy`` says: every store failure is RECONSUME_LATER."""
+        if isinstance(exc, StoreUnavailableError):
+            self._log.log(
+                logging.WARNING,
+                "dedup store unavailable (%s); %d message(s) will be consumed later (the "
+                "exactly-once mode never consumes without its database, whatever "
+                "store_failure_policy says)",
+                exc,
+                len(deliveries),
+            )
+        else:
+            self._log.log(
+                logging.ERROR,
+                "dedup store error (%s); %d message(s) will be consumed later",
+                exc,
+                len(deliveries),
+                exc_info=exc,
+            )
+        for delivery in deliveries:
+            delivery.status, delivery.outcome = LATER, Outcome.STORE_ERROR_LATER
+
+    # -- run: one transaction per message (more with local retries) ------------------------
+
+    def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
+        status = self._transact(delivery, snap)
+        if status is not SUCCESS and snap.local_retries and delivery.outcome is Outcome.FAILED:
+            status = retry_locally(lambda: self._retry(delivery, snap), snap, status)
+        return status
+
+    def _retry(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
+        """A local retry: a new transaction, as long as the handler is what failed."""
+        if delivery.outcome is not Outcome.FAILED:
+            return LATER
+        return self._transact(delivery, snap)
+
+    def _transact(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
+        """One transaction for one message; returns its answer, the transaction committed or
+        rolled back."""
+        sequence = self._sequence_key(delivery)
+        if sequence is _Bad.BAD:
+            delivery.outcome = Outcome.KEY_ERROR
+            return LATER
+        try:
+            tx = self.mysql.transactions.begin(max(1, -(-snap.hold_ms // 1000)))
+        except TransactionMisuseError as exc:  # an engine in autocommit mode
+            self._log.log(logging.ERROR, "%s; the message will be consumed later", exc)
+            delivery.outcome = Outcome.STORE_ERROR_LATER
+            return LATER
+        except Exception as exc:
+            self._transaction_failed(delivery, exc)
+            return LATER
+        done = False  # committed or rolled back
+        try:
+            status = self._in_transaction(delivery, tx, sequence, snap)
+            done = True
+            return status
+        except Exception as exc:  # the transaction's own statements failed
+            self._transaction_failed(delivery, exc)
+            return self._after_failure(delivery, snap)
+        except BaseException:
+            tx.broken = True  # interrupted mid-statement, maybe: never reuse the connection
+            raise
+        finally:
+            if not done:
+                tx.rollback()
+            tx.close()
+
+    def _in_transaction(
+        self,
+        delivery: Delivery,
+        tx: Transaction,
+        sequence: Optional[Tuple[str, int]],
+        snap: Snapshot,
+    ) -> ConsumeStatus:
+        """Inside the open transaction: [key lock], [sequence guard], handler, the record with
+        the COMMIT. Returns the answer with the transaction committed or rolled back; raises
+        what a statement of the dedup layer raised (the caller rolls back)."""
+        element = delivery.element
+        if element is not None and snap.exactly_once_claim == "before_handler":
+            lock = tx.lock_key(element)
+            if lock is not KeyLock.TAKEN:
+                tx.rollback()
+                if lock is KeyLock.HELD:
+                    return self._duplicate(delivery, DedupStatus.CONSUMING)
+                return self._refused(delivery, tx.found, snap)  # type: ignore[arg-type]
+        verdict = _Verdict.RUN
+        if sequence is not None:
+            entity, seq = sequence
+            verdict = self._verdict(tx.lock_sequence(snap.application_name, entity), seq, snap)
+            if verdict is _Verdict.GAP:
+                logger.debug("%r: seq %d is ahead of the entity's next; later", entity, seq)
+                tx.rollback()
+                delivery.outcome = Outcome.SEQUENCE_GAP
+                return LATER
+            if verdict is _Verdict.STALE:
+                logger.debug("%r: seq %d already applied or superseded; acking", entity, seq)
+        if verdict is _Verdict.RUN:
+            status = self._run_handler(delivery, tx, snap.metrics is not None)
+            misuse = tx.ended_by_handler()
+            if misuse is not None:
+                self._log.log(
+                    logging.ERROR,
+                    "do_handle_msg called %s on its connection; the transaction was rolled "
+                    "back and the message will be consumed later (return True to commit, "
+                    "False or raise to roll back)",
+                    misuse,
+                )
+                tx.rollback()
+                delivery.outcome = Outcome.FAILED
+                return LATER
+            if status is not SUCCESS:
+                tx.rollback()
+                delivery.outcome = Outcome.FAILED
+                return LATER
+        if element is None:  # no dedup key: the handler's writes alone
+            tx.commit()
+            return SUCCESS
+        update = None
+        if sequence is not None and verdict is _Verdict.RUN:
+            update = (snap.application_name, sequence[0], sequence[1])
+        owner = new_owner_token()
+        if delivery.fingerprint is not None:
+            owner = with_fingerprint(owner, delivery.fingerprint)
+        refused = self._store_call(
+            snap, StoreOp.COMMIT, tx.commit_record, element, owner, snap.retention_ms, update
+        )
+        if refused is not None:  # another copy's record: this one must not commit
+            tx.rollback()
+            logger.info("%r was recorded by another attempt; rolled back", element)
+            return self._refused(delivery, refused.record, snap)
+        self._remember(element)
+        if verdict is _Verdict.STALE:
+            return self._duplicate(delivery, DedupStatus.CONSUMED)
+        delivery.outcome = Outcome.CONSUMED
+        return SUCCESS
+
+    def _run_handler(self, delivery: Delivery, tx: Transaction, timed: bool) -> ConsumeStatus:
+        """The handler's answer; its exceptions are logged (its connection is then discarded)
+        and mean RECONSUME_LATER; what is not an ``Exception`` propagates."""
+        begin = time.perf_counter() if timed else 0.0
+        try:
+            with tx.guarded():
+                result = self.hooks.handle(delivery.msg, tx.conn)
+        except Exception as exc:
+            tx.broken = True
+            if not isinstance(exc, TransactionMisuseError):
+                logger.exception(
+                    "do_handle_msg raised; its transaction is rolled back and the message "
+                    "will be consumed later"
+                )
+            return LATER
+        finally:
+            if timed:
+                delivery.handler_seconds = time.perf_counter() - begin
+        if result is True:
+            return SUCCESS
+        return answer(result, commit=True)
+
+    def _after_failure(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
+        """After a transaction failed (its session ended, the server went away): the key's
+        record, if any, says another copy committed (or this one did, its COMMIT's answer
+        lost): acked as a duplicate. Else, or when that cannot be read, RECONSUME_LATER."""
+        element = delivery.element
+        if element is None:
+            return LATER
+        try:
+            record = self._store_call(snap, StoreOp.LOOKUP, self.store.read, element)
+        except StoreError:
+            return LATER
+        if record is None or record.status is not DedupStatus.CONSUMED:
+            return LATER
+        return self._refused(delivery, record, snap)
+
+    def _transaction_failed(self, delivery: Delivery, exc: BaseException) -> None:
+        delivery.outcome = Outcome.STORE_ERROR_LATER
+        outage = isinstance(exc, StoreUnavailableError) or (
+            not isinstance(exc, StoreError) and self.mysql.is_outage(exc)
+        )
+        if outage:
+            self._log.log(
+                logging.WARNING,
+                "the business database is unavailable (%s); the message will be consumed later "
+                "(the exactly-once mode never consumes without it)",
+                exc,
+            )
+        else:
+            self._log.log(
+                logging.ERROR,
+                "the message's transaction failed (%s: %s); rolled back, consume later",
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+
+    def _remember(self, element: DedupElement) -> None:
+        """A key committed here: a later copy of it is looked up before its handler."""
+        recent = self._recent
+        with self._recent_lock:
+            recent[element] = None
+            if len(recent) > RECENT_KEYS:
+                recent.popitem(last=False)
+
+    # -- finish --------------------------------------------------------------------------
+
+    def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
+        """Every held attempt leaves the in-process registry, with its outcome."""
+        registry = self._in_flight
+        for delivery in held:
+            consumed = delivery.outcome in (Outcome.CONSUMED, Outcome.DUPLICATE_CONSUMED)
+            registry.leave(delivery.element, delivery.attempt, consumed)
+
+    # -- the sequence guard --------------------------------------------------------------
+
+    def _sequence_key(self, delivery: Delivery) -> SequenceKey:
+        """The validated ``sequence_key(msg)``: None, (entity, seq), or BAD (logged)."""
+        sequence_of = self.hooks.sequence_of
+        if sequence_of is None:
+            return None
+        try:
+            raw = sequence_of(delivery.msg)
+        except Exception:
+            self._log.log(
+                logging.ERROR,
+                "sequence_key raised; the message will be consumed later",
+                exc_info=True,
+            )
+            return _Bad.BAD
+        if raw is None:
+            return None
+        problem = _sequence_problem(raw)
+        if problem is not None:
+            self._log.log(
+                logging.ERROR,
+                "sequence_key returned %r: %s; the message will be consumed later",
+                raw,
+                problem,
+            )
+            return _Bad.BAD
+        entity, seq = raw
+        return entity, int(seq)
+
+    @staticmethod
+    def _verdict(last: Optional[int], seq: int, snap: Snapshot) -> _Verdict:
+        if snap.sequence_mode == "latest":
+            return _Verdict.RUN if last is None or seq > last else _Verdict.STALE
+        expected = snap.sequence_start if last is None else last + 1
+        if seq == expected:
+            return _Verdict.RUN
+        return _Verdict.STALE if seq < expected else _Verdict.GAP
+
+
+def _sequence_problem(raw: Any) -> Optional[str]:
+    """Why a ``sequence_key`` value is refused, or None."""
+    if not isinstance(raw, (tuple, list)) or len(raw) != 2:
+        return "expected None or an (entity: str, seq: int) pair"
+    entity, seq = raw
+    if not isinstance(entity, str):
+        return f"the entity must be a str, not {type(entity).__name__}"
+    if not entity:
+        return "the entity is empty"
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return f"the sequence number must be an int, not {type(seq).__name__}"
+    if not fits_bigint(seq):
+        return "the sequence number must fit a signed 64-bit integer"
+    return None
+
+
+__all__ = ["TransactionalStrategy"]
