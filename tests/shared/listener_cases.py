@@ -418,3 +418,111 @@ def test_renewal_stops_after_max_processing(store: DedupStore, app_name: str) ->
     release.set()
     hung.join(10)
     assert [m.body for m in listener.handled] == [b"hung", b"dup"]
+
+
+# local retries and the in-process wait (issue 24) --------------------------------------------
+
+
+@pytest.mark.parametrize(("retries", "expected"), [(2, SUCCESS), (1, LATER)])
+def test_local_retries_run_a_failed_handler_again_in_place(
+    store: DedupStore, app_name: str, retries: int, expected: ConsumeStatus
+) -> None:
+    """local_retries=N: a failed handler runs up to N more times, the claim still held, with a
+    growing wait between runs; success then marks CONSUMED, the last failure releases."""
+    results = iter([False, RuntimeError("flaky"), True])
+
+    def behaviour(msg: Any) -> bool:
+        result = next(results)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    config = config_for(
+        store, app_name, local_retries=retries, local_retry_backoff_milli_seconds=20
+    )
+    listener = RecordingListener(config, behaviour)
+    begin = time.monotonic()
+    assert listener(ClassicMessage("m1")) is expected
+    assert len(listener.handled) == retries + 1
+    assert time.monotonic() - begin >= 0.02 * (2**retries - 1)  # 20 ms, then 40 ms
+    element = listener_element(app_name, "m1")
+    assert store.get_status(element) is (DedupStatus.CONSUMED if expected is SUCCESS else None)
+
+
+def test_local_retries_apply_to_each_member_of_a_batch(store: DedupStore, app_name: str) -> None:
+    """In a batch each failed member gets its own local retries; the batch still stops at a
+    member that never succeeds."""
+    attempts: dict[str, int] = {}
+
+    def behaviour(msg: Any) -> bool:
+        attempts[msg.id] = attempts.get(msg.id, 0) + 1
+        return msg.id != "never" and attempts[msg.id] > 1
+
+    config = config_for(store, app_name, local_retries=1, local_retry_backoff_milli_seconds=1)
+    listener = RecordingListener(config, behaviour)
+    msgs = [ClassicMessage("a"), ClassicMessage("never"), ClassicMessage("c")]
+    assert listener.consume_message(msgs) == BatchResult(LATER, 0)
+    assert attempts == {"a": 2, "never": 2}
+
+
+def listener_element(app: str, msg_id: str) -> Any:
+    from rocketmq_dedup import DedupElement
+
+    return DedupElement(app, "TEST-TOPIC", "TagA", msg_id)
+
+
+@pytest.mark.parametrize("first_succeeds", [True, False])
+def test_in_progress_wait_answers_a_twin_from_its_outcome(
+    store: DedupStore, app_name: str, first_succeeds: bool
+) -> None:
+    """in_progress_wait_milli_seconds: a duplicate whose twin is in its handler in this process
+    waits for the twin's outcome and is acked without its handler if the twin succeeded (else
+    RECONSUME_LATER), instead of going back to the broker at once."""
+    running, finish = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any) -> bool:
+        if msg.body == b"first":
+            running.set()
+            assert finish.wait(10)
+            return first_succeeds
+        return True
+
+    config = config_for(store, app_name, in_progress_wait_milli_seconds=5_000)
+    listener = RecordingListener(config, behaviour)
+    first = threading.Thread(target=listener, args=(ClassicMessage("m1", body=b"first"),))
+    first.start()
+    try:
+        assert running.wait(10)
+        threading.Timer(0.2, finish.set).start()
+        begin = time.monotonic()
+        answer = listener(ClassicMessage("m1", body=b"dup"))
+        waited = time.monotonic() - begin
+    finally:
+        finish.set()
+        first.join(10)
+    assert answer is (SUCCESS if first_succeeds else LATER)
+    assert 0.15 <= waited < 5.0  # waited for the twin, not for the whole bound
+    assert [m.body for m in listener.handled] == [b"first"]
+
+
+def test_without_in_progress_wait_a_twin_is_answered_at_once(
+    store: DedupStore, app_name: str
+) -> None:
+    """The default (0): a duplicate of a message in its handler is RECONSUME_LATER at once."""
+    running, finish = threading.Event(), threading.Event()
+
+    def behaviour(msg: Any) -> bool:
+        running.set()
+        return finish.wait(10)
+
+    listener = RecordingListener(config_for(store, app_name), behaviour)
+    first = threading.Thread(target=listener, args=(ClassicMessage("m1"),))
+    first.start()
+    try:
+        assert running.wait(10)
+        begin = time.monotonic()
+        assert listener(ClassicMessage("m1")) is LATER
+        assert time.monotonic() - begin < 1.0
+    finally:
+        finish.set()
+        first.join(10)

@@ -164,3 +164,28 @@ def test_outage_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> N
     warnings = [r for r in caplog.records if "WITHOUT dedup" in r.getMessage()]
     assert len(listener.handled) == 50
     assert len(warnings) == 1
+
+
+class ShortStore(MemoryDedupStore):
+    """A user's store that answers one claim result too few for a batch."""
+
+    def do_claim_many(self, claims: Any, lease_ms: int) -> List[ClaimResult]:
+        return super().do_claim_many(claims, lease_ms)[:-1]
+
+
+def test_a_store_answering_fewer_results_is_a_defect_never_a_run_without_dedup(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 21.3: the number of results is checked where stores are called: a store that
+    answers fewer claim results than claims is a store defect (RECONSUME_LATER for the whole
+    batch, an error naming the store), never a message left unclaimed and run."""
+    store = ShortStore()
+    listener = Counting(DedupConfig.enable_dedup_consume_config("app", store))
+    msgs = [ClassicMessage(f"m{i}") for i in range(3)]
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener.consume_each(msgs) == [ConsumeStatus.RECONSUME_LATER] * 3
+        assert listener.consume_message(msgs).ack_index == -1
+    assert listener.handled == []
+    assert any(
+        "ShortStore: claim answered 2 result(s) for 3" in r.getMessage() for r in caplog.records
+    )

@@ -7,19 +7,16 @@ import collections
 import json
 import threading
 import time
-from typing import Any, Deque, Dict, Iterator, List, Tuple
+from typing import Any, Deque, Dict, List, Tuple
 
 import pytest
 
 from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupConfigError, DedupStatus
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from tests.integration.exactly_once_support import (
-    DRIVERS,
+from tests.integration.exactly_once.support import (
     EffectTable,
     SequencedListener,
-    dispose,
-    make_client,
     make_config,
     sql,
     unique,
@@ -30,28 +27,6 @@ pytestmark = pytest.mark.mysql
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
-
-
-@pytest.fixture(scope="module")
-def table() -> Iterator[str]:
-    name = unique("t_eo_seq")
-    yield name
-    sql(f"DROP TABLE IF EXISTS {name}")
-    sql(f"DROP TABLE IF EXISTS {name}_seq")
-
-
-@pytest.fixture(params=DRIVERS)
-def client(request: pytest.FixtureRequest) -> Iterator[Any]:
-    client = make_client(request.param)
-    yield client
-    dispose(client)
-
-
-@pytest.fixture
-def effects() -> Iterator[EffectTable]:
-    effects = EffectTable()
-    yield effects
-    effects.drop()
 
 
 def step(entity: str, seq: int, msg_id: str = "") -> ClassicMessage:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -20,8 +20,7 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from tests.integration.exactly_once_support import (
-    DRIVERS,
+from tests.integration.exactly_once.support import (
     EffectListener,
     EffectTable,
     SequencedListener,
@@ -38,38 +37,6 @@ pytestmark = pytest.mark.mysql
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
-
-
-@pytest.fixture(scope="module")
-def table() -> Iterator[str]:
-    """This module's dedup table (and its sequence table), dropped at the end."""
-    name = unique("t_eo_dedup")
-    yield name
-    sql(f"DROP TABLE IF EXISTS {name}")
-    sql(f"DROP TABLE IF EXISTS {name}_seq")
-
-
-@pytest.fixture(params=DRIVERS)
-def client(request: pytest.FixtureRequest) -> Iterator[Any]:
-    client = make_client(request.param)
-    yield client
-    dispose(client)
-
-
-@pytest.fixture
-def config(client: Any, table: str) -> Iterator[DedupConfig]:
-    config = make_config(client, table)
-    assert isinstance(config.persist, MySQLDedupStore)
-    config.persist.create_table()
-    yield config
-    config.close()
-
-
-@pytest.fixture
-def effects() -> Iterator[EffectTable]:
-    effects = EffectTable()
-    yield effects
-    effects.drop()
 
 
 def element(config: DedupConfig, msg_id: str) -> DedupElement:

@@ -14,21 +14,16 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterator, List
+from typing import Any, Deque, Dict, List
 
 import pytest
 
 from rocketmq_dedup import ConsumeStatus, DedupStatus
 from rocketmq_dedup.message import DedupElement
-from tests.integration.exactly_once_support import (
-    DRIVERS,
+from tests.integration.exactly_once.support import (
     EffectListener,
     EffectTable,
-    dispose,
-    make_client,
     make_config,
-    sql,
-    unique,
 )
 from tests.support import ClassicMessage
 
@@ -37,33 +32,6 @@ pytestmark = pytest.mark.mysql
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def table() -> Iterator[str]:
-    name = unique("t_eo_race")
-    yield name
-    sql(f"DROP TABLE IF EXISTS {name}")
-    sql(f"DROP TABLE IF EXISTS {name}_seq")
-
-
-@pytest.fixture(params=DRIVERS)
-def driver(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def client(driver: str) -> Iterator[Any]:
-    client = make_client(driver)
-    yield client
-    dispose(client)
-
-
-@pytest.fixture
-def effects() -> Iterator[EffectTable]:
-    effects = EffectTable()
-    yield effects
-    effects.drop()
 
 
 def test_sixteen_threads_racing_on_the_same_keys_apply_each_once(
@@ -192,7 +160,7 @@ _CHILD = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from rocketmq_dedup import DedupConfig, TransactionalDedupListener
     from tests.support import ClassicMessage
-    from tests.integration.exactly_once_support import execute, make_client
+    from tests.integration.exactly_once.support import execute, make_client
 
     driver, table, app, effects, msg_id = sys.argv[1:]
     config = DedupConfig.enable_dedup_consume_config(
