@@ -25,7 +25,7 @@ from tests.support import MYSQL, REDIS_URL, wait_for
 pytestmark = pytest.mark.e2e
 
 SAMPLES_BY_CLIENT = {
-    "classic": ["quickstart_redis", "quickstart_mysql"],
+    "classic": ["quickstart_redis", "quickstart_mysql", "quickstart_exactly_once"],
     "grpc": ["quickstart_grpc_push", "quickstart_grpc_simple"],
 }
 # with no client installed every sample is collected, and the session's `client` fixture fails
