@@ -154,14 +154,14 @@ class DedupStrategy(DedupTemplate):
                     exc,
                 )
         if undone:
-            self._release([d.claim for d in undone], snap)  # type: ignore[misc]
+            self._release_claims([d.claim for d in undone], snap)  # type: ignore[misc]
         for delivery in held:
             attempt = delivery.attempt
             if attempt is not None:
                 owner = delivery.claim.owner  # type: ignore[union-attr]
                 self._in_flight.leave(owner, attempt, delivery in done)
 
-    def _release(self, claims: List[Claim], snap: Snapshot) -> None:
+    def _release_claims(self, claims: List[Claim], snap: Snapshot) -> None:
         try:
             released = self._store_call(snap, StoreOp.RELEASE, self.store.release_many, claims)
         except StoreError as exc:

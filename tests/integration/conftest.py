@@ -39,24 +39,13 @@ def shared_store_kind(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    """Mark each test with the servers it uses, and leave the shared test bodies that use no
-    server to the unit layer (they run there, once)."""
-    kept, dropped = [], []
+    """Mark each test with the servers it uses (``-m redis`` / ``-m mysql`` select them)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
         kind = str(params.get("store", params.get("shared_store_kind", "")))
-        function = getattr(item, "function", None)
-        shared = getattr(function, "__module__", "").startswith("tests.shared.")
-        if shared and not names & {"store", "mysql_table", *_REDIS_FIXTURES}:
-            dropped.append(item)
-            continue
         if names & _REDIS_FIXTURES or kind.startswith("redis"):
             item.add_marker(pytest.mark.redis)
         if "mysql_table" in names or kind.startswith("mysql"):
             item.add_marker(pytest.mark.mysql)
-        kept.append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept

@@ -98,27 +98,6 @@ def test_handler_return_values_have_one_meaning(
     assert len(listener.runs) == (1 if expected is SUCCESS else 2)
 
 
-@pytest.mark.parametrize("result", [1, 0, "ok", "", 1.0, [True], object()], ids=repr)
-def test_other_return_values_are_an_error_and_a_retry(
-    result: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Any other return value is logged as an error naming it, and the message is retried."""
-    from rocketmq_dedup import MemoryDedupStore
-
-    listener = Listener(config_for(MemoryDedupStore(), "app"), result)
-    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
-        assert listener(ClassicMessage("m1")) is LATER
-    assert any("do_handle_msg returned" in r.getMessage() for r in caplog.records)
-
-
-def test_return_values_apply_without_dedup_too() -> None:
-    """With dedup disabled the same rule applies: RECONSUME_LATER is a retry, not an ack."""
-    listener = Listener(None, ClassicConsumeStatus.RECONSUME_LATER)
-    assert listener(ClassicMessage("m1")) is LATER
-    listener.result = ConsumeResult.SUCCESS
-    assert listener(ClassicMessage("m1")) is SUCCESS
-
-
 # -- keys ----------------------------------------------------------------------------------------
 
 
@@ -196,16 +175,6 @@ def test_identity_keys_are_refused_on_every_store(
     assert listener.runs == []
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors and ("Opaque" in errors[0] or "set" in errors[0] or "dict" in errors[0])
-
-
-def test_distinct_opaque_keys_never_share_a_record(app_name: str) -> None:
-    """100 messages keyed by fresh objects: none is acked without its handler (the old code
-    keyed them by reused addresses)."""
-    from rocketmq_dedup import MemoryDedupStore
-
-    listener = Listener(config_for(MemoryDedupStore(), app_name), key=lambda msg: Opaque())
-    statuses = [listener(ClassicMessage(f"m{i}")) for i in range(100)]
-    assert SUCCESS not in statuses  # never acked without the handler
 
 
 # -- exceptions that are not Exception ----------------------------------------------------------

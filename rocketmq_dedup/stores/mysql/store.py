@@ -444,12 +444,12 @@ class MySQLDedupStore(DedupStore):
         runner.run(sql, params, False)
 
     def do_release(self, claim: Claim) -> bool:
-        return self._op(self._release, [claim]) == 1
+        return self._op(self._delete_claims, [claim]) == 1
 
     def do_release_many(self, claims: Sequence[Claim]) -> int:
-        return self._op(self._release, claims)
+        return self._op(self._delete_claims, claims)
 
-    def _release(self, runner: Runner, claims: Sequence[Claim]) -> int:
+    def _delete_claims(self, runner: Runner, claims: Sequence[Claim]) -> int:
         sql = self._sql["release"]
         return sum(int(runner.run(sql, (element_digest(e), o), False)) == 1 for e, o in claims)
 

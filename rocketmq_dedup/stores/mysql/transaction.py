@@ -307,7 +307,7 @@ class Transaction(abc.ABC):
     def _rollback(self) -> None: ...
 
     @abc.abstractmethod
-    def _release(self) -> None:
+    def _give_back(self) -> None:
         """Give the connection back (or discard it when :attr:`broken`)."""
 
     def ended_by_handler(self) -> Optional[str]:
@@ -448,7 +448,7 @@ class Transaction(abc.ABC):
         if self._lock is not None:
             self.broken = True
         try:
-            self._release()
+            self._give_back()
         except Exception:
             logger.debug("closing a transaction's connection failed", exc_info=True)
 
@@ -489,7 +489,7 @@ class DbapiTransaction(Transaction):
     def _rollback(self) -> None:
         self._runner.conn.rollback()
 
-    def _release(self) -> None:
+    def _give_back(self) -> None:
         self.factory.give_back(self._runner, self.broken or self.misuse is not None)
 
 
@@ -601,7 +601,7 @@ class SqlAlchemyTransaction(Transaction):
         elif self.conn.in_transaction():  # a transaction the handler began after its own
             self.conn.rollback()
 
-    def _release(self) -> None:
+    def _give_back(self) -> None:
         _GUARDED.pop(id(self.conn), None)
         if self.conn.closed:
             return
