@@ -66,7 +66,7 @@ def eo_producer(client: str, eo_channels: List[Tuple[str, str]]) -> Iterator[Pro
 def channel(eo_channels: List[Tuple[str, str]], used_groups: List[str]) -> Tuple[str, str]:
     assert eo_channels, f"more tests in this module than CHANNELS={CHANNELS}"
     pair = eo_channels.pop(0)
-    used_groups.append(pair[1])  # checked for dead letters by test_zz_dead_letters
+    used_groups.append(pair[1])  # checked for dead letters by test_dead_letters
     return pair
 
 

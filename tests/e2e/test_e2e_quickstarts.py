@@ -46,7 +46,7 @@ def sample_channels(
     client: str, broker: None, used_groups: List[str]
 ) -> Dict[Tuple[str, str], Tuple[str, str]]:
     """A fresh topic and consumer group (1 s retry backoff) per case, created in one go; the
-    groups are checked for dead letters at the end of the session (test_zz_dead_letters)."""
+    groups are checked for dead letters at the end of the session (test_dead_letters)."""
     run = uuid.uuid4().hex[:8]
     channels = {
         case: (f"QS-{client}-{run}-{i}", f"qs-{client}-{run}-{i}") for i, case in enumerate(CASES)

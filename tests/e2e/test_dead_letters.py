@@ -1,4 +1,4 @@
-"""Runs after every other e2e module (pytest collects modules in name order)."""
+"""The e2e session's last check (the conftest runs it after every other e2e test)."""
 
 from __future__ import annotations
 
