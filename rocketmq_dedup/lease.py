@@ -90,6 +90,16 @@ class LeaseKeeper:
                     self._interval = interval
                     self._wake.set()
 
+    def hold_one(self, claim: Claim, lease_ms: int, max_processing_ms: int) -> None:
+        """:meth:`hold` of one claim (the single-message path, without its loop)."""
+        self._held[claim.owner] = (claim, lease_ms, time.monotonic() + max_processing_ms / 1000)
+        if self._thread is None or lease_ms / 3000 < self._interval:
+            self.hold((claim,), lease_ms, max_processing_ms)
+
+    def drop_one(self, claim: Claim) -> None:
+        """:meth:`drop` of one claim."""
+        self._held.pop(claim.owner, None)
+
     def drop(self, claims: Sequence[Claim]) -> None:
         """Stop renewing these claims (the handler finished, or gave up)."""
         pop = self._held.pop

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 UNIQ_KEY_PROPERTY = "UNIQ_KEY"
 #: What separates the keys of a classic message (RocketMQ's ``MessageConst.KEY_SEPARATOR``).
@@ -39,6 +39,11 @@ def to_text(value: object) -> str:
 
     The mapping is injective: distinct byte strings stay distinct.
     """
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[return-value]
+    if kind is bytes:
+        return value.decode("utf-8", "surrogateescape")  # type: ignore[attr-defined,no-any-return]
     if value is None:
         return ""
     if isinstance(value, str):
@@ -73,9 +78,26 @@ def message_tag(msg: Any) -> str:
     return to_text(tag)
 
 
+def message_topic_tag(msg: Any) -> Tuple[str, str]:
+    """:func:`message_topic` and :func:`message_tag` in one call (every message's element)."""
+    topic = getattr(msg, "topic", "")
+    tag = getattr(msg, "tags", None)
+    if tag is None:
+        tag = getattr(msg, "tag", None)
+    return (
+        topic if type(topic) is str else to_text(topic),
+        tag if type(tag) is str else to_text(tag),
+    )
+
+
 def message_id(msg: Any) -> Optional[str]:
     """The unique id: the ``UNIQ_KEY`` property, else ``message_id`` (5.x), else ``id``."""
-    uniq = get_property(msg, UNIQ_KEY_PROPERTY)
+    getter = getattr(msg, "get_property", None)
+    if callable(getter):  # the classic clients (get_property inlined: every message's key)
+        value = getter(UNIQ_KEY_PROPERTY)
+        uniq = to_text(value) if value is not None else None
+    else:
+        uniq = get_property(msg, UNIQ_KEY_PROPERTY)
     if uniq:
         return uniq
     for attr in ("message_id", "id", "msg_id"):

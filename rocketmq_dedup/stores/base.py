@@ -130,7 +130,12 @@ class DedupStore(abc.ABC):
 
     def claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         """Atomically claim ``claim.element`` for ``claim.owner`` for ``lease_ms`` ms."""
-        return self._call(self.do_claim, claim, lease_ms)
+        try:  # _call, inlined: every message passes here
+            return self.do_claim(claim, lease_ms)
+        except DedupError:
+            raise
+        except Exception as exc:
+            raise self._wrapped(exc) from exc
 
     def claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         """Claim several elements at once: one result per claim, in order."""
@@ -142,14 +147,24 @@ class DedupStore(abc.ABC):
 
     def mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         """Record the claim's element as CONSUMED for ``retention_ms`` milliseconds."""
-        self._call(self.do_mark_consumed, claim, retention_ms)
+        try:  # _call, inlined: every message passes here
+            self.do_mark_consumed(claim, retention_ms)
+        except DedupError:
+            raise
+        except Exception as exc:
+            raise self._wrapped(exc) from exc
 
     def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         """Record several elements as CONSUMED at once."""
-        if len(claims) == 1:
-            self._call(self.do_mark_consumed, claims[0], retention_ms)
-        elif claims:
-            self._call(self.do_mark_consumed_many, claims, retention_ms)
+        try:  # _call, inlined: every message passes here
+            if len(claims) == 1:
+                self.do_mark_consumed(claims[0], retention_ms)
+            elif claims:
+                self.do_mark_consumed_many(claims, retention_ms)
+        except DedupError:
+            raise
+        except Exception as exc:
+            raise self._wrapped(exc) from exc
 
     def release(self, claim: Claim) -> bool:
         """Delete the CONSUMING claim; False if it is no longer this owner's."""
@@ -230,8 +245,12 @@ class DedupStore(abc.ABC):
         except DedupError:
             raise
         except Exception as exc:
-            kind = StoreUnavailableError if self.is_outage(exc) else StoreError
-            raise kind(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
+            raise self._wrapped(exc) from exc
+
+    def _wrapped(self, exc: Exception) -> StoreError:
+        """A driver error as this library's: an outage or a defect (chain it as the cause)."""
+        kind = StoreUnavailableError if self.is_outage(exc) else StoreError
+        return kind(f"{self.describe()}: {type(exc).__name__}: {exc}")
 
     def _one_each(self, results: List[T], asked: Sequence[Any], op: str) -> List[T]:
         """``results`` if it has one entry per item ``asked``; else a store defect (never a

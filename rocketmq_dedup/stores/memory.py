@@ -20,6 +20,8 @@ from rocketmq_dedup.stores.base import (
 )
 
 _Entry = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
+_CONSUMING, _CONSUMED = DedupStatus.CONSUMING, DedupStatus.CONSUMED
+_new_tuple = tuple.__new__
 
 
 #: Expired records are swept when the store has grown by this many records since the last
@@ -66,21 +68,24 @@ class MemoryDedupStore(PerElementStore):
         return record
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
-        element = claim.element
+        element, owner = claim
         now = self._clock()
+        records = self._records
         with self._lock:
-            entry = self._live(element, now)
-            if entry is None:
-                self._records[element] = (DedupStatus.CONSUMING, claim.owner, now + lease_ms / 1000)
-                if len(self._records) >= self._sweep_at:
+            entry = records.get(element)
+            if entry is None or entry[2] <= now:  # none, or expired (_live, inlined)
+                records[element] = (_CONSUMING, owner, now + lease_ms / 1000)
+                if len(records) >= self._sweep_at:
                     self._sweep(now)
                 return CLAIMED
-        return ClaimResult(False, Record(entry[0], entry[1]))
+        return _new_tuple(
+            ClaimResult, (False, _new_tuple(Record, (entry[0], entry[1], None, None)))
+        )
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         expires = self._clock() + retention_ms / 1000
         with self._lock:
-            self._records[claim.element] = (DedupStatus.CONSUMED, claim.owner, expires)
+            self._records[claim[0]] = (_CONSUMED, claim[1], expires)
 
     def do_release(self, claim: Claim) -> bool:
         with self._lock:

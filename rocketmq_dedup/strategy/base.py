@@ -27,7 +27,7 @@ from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.config import DedupConfig, Snapshot
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.hooks import Hooks
-from rocketmq_dedup.message import DedupElement, message_tag, message_topic
+from rocketmq_dedup.message import DedupElement, message_topic, message_topic_tag
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.owner import fingerprint_in, fingerprint_of
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome, StoreFailurePolicy
@@ -215,14 +215,14 @@ class DedupTemplate(Strategy):
                 logger.debug("dedup key is None; consuming without dedup")
                 delivery.outcome = Outcome.NO_KEY
                 return False
-            key = key_text(raw)
+            key = raw if type(raw) is str else key_text(raw)
         except KeyRefused as exc:
             self._log.log(logging.ERROR, "dedup_message_key: %s; consume later", exc)
             delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
             return False
         except Exception:
             return self._hook_failed(delivery, "dedup_message_key")
-        topic = message_topic(msg)
+        topic, tag = message_topic_tag(msg)
         if not key:
             self._log.log(
                 logging.WARNING,
@@ -239,7 +239,7 @@ class DedupTemplate(Strategy):
                     delivery.fingerprint = fingerprint_of(payload)
             except Exception:
                 return self._hook_failed(delivery, "payload_fingerprint")
-        delivery.element = DedupElement(snap.application_name, topic, message_tag(msg), key)
+        delivery.element = _new_tuple(DedupElement, (snap.application_name, topic, tag, key))
         return True
 
     def _hook_failed(self, delivery: Delivery, hook: str) -> bool:

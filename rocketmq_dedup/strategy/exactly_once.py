@@ -43,7 +43,7 @@ from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.inflight import InFlight, in_flight
 from rocketmq_dedup.message import DedupElement, reconsume_times
 from rocketmq_dedup.metrics import StoreOp
-from rocketmq_dedup.owner import new_owner_token, with_fingerprint
+from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
 from rocketmq_dedup.stores.base import Record
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
@@ -250,7 +250,7 @@ class TransactionalStrategy(DedupTemplate):
         update = None
         if sequence is not None and verdict is _Verdict.RUN:
             update = (snap.application_name, sequence[0], sequence[1])
-        owner = new_owner_token()
+        owner = owner_tokens.next()
         if delivery.fingerprint is not None:
             owner = with_fingerprint(owner, delivery.fingerprint)
         refused = self._store_call(

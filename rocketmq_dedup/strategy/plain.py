@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence
 
 from rocketmq_dedup.config import DedupConfig, Snapshot
 from rocketmq_dedup.errors import StoreError
@@ -29,13 +29,14 @@ from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.inflight import InFlight, in_flight
 from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
 from rocketmq_dedup.metrics import StoreOp
-from rocketmq_dedup.owner import new_owner_token, with_fingerprint
+from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
 from rocketmq_dedup.stores.base import Claim, Record
 from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
 logger = logging.getLogger(__name__)
+_new_tuple = tuple.__new__
 
 
 class DedupStrategy(DedupTemplate):
@@ -50,15 +51,48 @@ class DedupStrategy(DedupTemplate):
 
     # -- claim ---------------------------------------------------------------------------
 
+    def consume_one(self, msg: Any) -> ConsumeStatus:
+        """One message (every classic-client callback): the template's steps without its
+        batch bookkeeping. Metrics and the in-process wait take the batch path."""
+        config = self.config
+        snap = config._snapshot or config.snapshot()
+        if snap.metrics is not None or snap.in_progress_wait_ms:
+            return self.consume((msg,))[0]
+        delivery = Delivery(0, msg)
+        if not self._key(delivery, snap):
+            return delivery.status or self._run(delivery, snap)  # no dedup, or a refused key
+        claim = self._new_claim(delivery)
+        try:
+            result = self.store.claim(claim, snap.lease_ms)
+        except StoreError as exc:
+            self._store_failed([delivery], exc, snap)
+            return delivery.status or self._run(delivery, snap)
+        if not result.claimed:  # (no in-process wait on this path: _refused's part is moot)
+            status = self._duplicate_status(delivery, result.record, snap)
+            return self._run(delivery, snap) if status is None else status
+        delivery.claim = claim
+        keeper = (self._keeper or self._lease_keeper(snap)) if snap.lease_renewal else None
+        if keeper is not None:
+            keeper.hold_one(claim, snap.lease_ms, snap.max_processing_ms)
+        status = LATER
+        try:
+            status = self._run(delivery, snap)
+        finally:  # whatever happened, the claim is not held past this call
+            if keeper is not None:
+                keeper.drop_one(claim)
+            if status is SUCCESS:
+                try:
+                    self.store.mark_consumed(claim, snap.retention_ms)
+                except StoreError as exc:
+                    self._mark_failed(1, exc)
+            else:
+                self._release_claims((claim,), snap)
+        return status
+
     def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
         """Claim every keyed delivery in one store call; decide the answer of those not
         claimed; return the ones this call holds."""
-        claims = [
-            Claim(d.element, new_owner_token())  # type: ignore[arg-type]
-            if d.fingerprint is None
-            else Claim(d.element, with_fingerprint(new_owner_token(), d.fingerprint))  # type: ignore[arg-type]
-            for d in keyed
-        ]
+        claims = [self._new_claim(d) for d in keyed]
         try:
             results = self._store_call(
                 snap, StoreOp.CLAIM, self.store.claim_many, claims, snap.lease_ms
@@ -82,6 +116,15 @@ class DedupStrategy(DedupTemplate):
             if keeper is not None:
                 keeper.hold([d.claim for d in held], snap.lease_ms, snap.max_processing_ms)  # type: ignore[misc]
         return held
+
+    @staticmethod
+    def _new_claim(delivery: Delivery) -> Claim:
+        """A claim of the delivery's element by a new owner token (carrying the payload's
+        fingerprint, if any)."""
+        owner = owner_tokens.next()
+        if delivery.fingerprint is not None:
+            owner = with_fingerprint(owner, delivery.fingerprint)
+        return _new_tuple(Claim, (delivery.element, owner))
 
     def _refused(
         self, delivery: Delivery, record: Optional[Record], snap: Snapshot
@@ -125,43 +168,49 @@ class DedupStrategy(DedupTemplate):
         """Mark the claims whose handler succeeded CONSUMED; release the others (failed, not
         reached, or interrupted). Never raises a StoreError."""
         keeper = self._keeper
-        claims = [d.claim for d in held]
         if keeper is not None:
-            keeper.drop(claims)  # type: ignore[arg-type]
+            keeper.drop([d.claim for d in held])  # type: ignore[misc]
         reached = len(statuses)
-        done, undone = [], []
+        done: List[Delivery] = []
+        undone: List[Delivery] = []
         for delivery in held:
-            if delivery.position < reached and statuses[delivery.position] is SUCCESS:
-                done.append(delivery)
-            else:
-                undone.append(delivery)
+            ok = delivery.position < reached and statuses[delivery.position] is SUCCESS
+            (done if ok else undone).append(delivery)
         if done:
-            try:
-                self._store_call(
-                    snap,
-                    StoreOp.MARK_CONSUMED,
-                    self.store.mark_consumed_many,
-                    [d.claim for d in done],
-                    snap.retention_ms,
-                )
-            except StoreError as exc:
-                # The handler succeeded: ack anyway. The claim lapses after the lease, and a
-                # redelivery after that may run the handler again (at-least-once).
-                self._log.log(
-                    logging.ERROR,
-                    "handled %d message(s) but could not mark them CONSUMED (%s); acking anyway",
-                    len(done),
-                    exc,
-                )
+            self._mark([d.claim for d in done], snap)  # type: ignore[misc]
         if undone:
             self._release_claims([d.claim for d in undone], snap)  # type: ignore[misc]
         for delivery in held:
             attempt = delivery.attempt
             if attempt is not None:
                 owner = delivery.claim.owner  # type: ignore[union-attr]
-                self._in_flight.leave(owner, attempt, delivery in done)
+                consumed = delivery.position < reached and statuses[delivery.position] is SUCCESS
+                self._in_flight.leave(owner, attempt, consumed)
 
-    def _release_claims(self, claims: List[Claim], snap: Snapshot) -> None:
+    def _mark(self, claims: Sequence[Claim], snap: Snapshot) -> None:
+        """Record the claims CONSUMED; a failure is logged, and the messages acked anyway."""
+        try:
+            self._store_call(
+                snap,
+                StoreOp.MARK_CONSUMED,
+                self.store.mark_consumed_many,
+                claims,
+                snap.retention_ms,
+            )
+        except StoreError as exc:
+            self._mark_failed(len(claims), exc)
+
+    def _mark_failed(self, count: int, exc: StoreError) -> None:
+        """Marking CONSUMED failed after the handler succeeded: acked anyway (the claim lapses
+        after the lease, and a redelivery after that may run the handler again)."""
+        self._log.log(
+            logging.ERROR,
+            "handled %d message(s) but could not mark them CONSUMED (%s); acking anyway",
+            count,
+            exc,
+        )
+
+    def _release_claims(self, claims: Sequence[Claim], snap: Snapshot) -> None:
         try:
             released = self._store_call(snap, StoreOp.RELEASE, self.store.release_many, claims)
         except StoreError as exc:
