@@ -323,3 +323,44 @@ def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatc
     )
     assert Listener(config)(ClassicMessage("m2")) is SUCCESS
     assert "time_ns" in reads and "perf_counter" in reads
+
+
+class FastFailingStore(MemoryDedupStore):
+    """Claims fail at once, as a store whose server refuses connections does."""
+
+    outage_errors = (ConnectionRefusedError,)
+
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> Any:
+        raise ConnectionRefusedError("store down")
+
+
+def test_failed_store_calls_are_counted_apart_in_prometheus(app_name: str) -> None:
+    """A claim that fails is an error (rocketmq_dedup_store_errors_total{app, op}), not a fast
+    call: the latency histogram holds the calls that succeeded, and only those."""
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    good = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=metrics)
+    Listener(good)(ClassicMessage("m1"))
+    bad = DedupConfig.enable_dedup_consume_config(app_name, FastFailingStore(), metrics=metrics)
+    for i in range(3):
+        Listener(bad)(ClassicMessage(f"down-{i}"))
+    value = functools.partial(prometheus_value, registry)
+    assert value("rocketmq_dedup_store_errors_total", app=app_name, op="claim") == 3
+    assert value("rocketmq_dedup_store_seconds_count", app=app_name, op="claim") == 1
+    # every op of a seen application is exported from its first call, at 0 until it fails
+    assert value("rocketmq_dedup_store_errors_total", app=app_name, op="mark_consumed") == 0
+
+
+def test_failed_store_calls_are_counted_apart_in_opentelemetry(app_name: str) -> None:
+    """The same through OpenTelemetry: rocketmq_dedup.store.errors counts the failures, and
+    rocketmq_dedup.store.duration records the calls that succeeded."""
+    reader = InMemoryMetricReader()
+    metrics = OpenTelemetryMetrics(MeterProvider(metric_readers=[reader]))
+    good = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=metrics)
+    Listener(good)(ClassicMessage("m1"))
+    bad = DedupConfig.enable_dedup_consume_config(app_name, FastFailingStore(), metrics=metrics)
+    for i in range(3):
+        Listener(bad)(ClassicMessage(f"down-{i}"))
+    points = otel_points(reader)
+    assert points[("rocketmq_dedup.store.errors", None)] == 3
+    assert points[("rocketmq_dedup.store.duration", None)] == 2  # m1's claim and mark
