@@ -20,6 +20,7 @@ import pytest
 
 from rocketmq_dedup import ConsumeStatus, DedupStatus
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once_support import (
     DRIVERS,
     EffectListener,
@@ -30,7 +31,7 @@ from tests.integration.exactly_once_support import (
     sql,
     unique,
 )
-from tests.support import ClassicMessage, wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.mysql
 
@@ -186,7 +187,7 @@ _CHILD = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {root!r})
     from rocketmq_dedup import DedupConfig, TransactionalDedupListener
-    from tests.support import ClassicMessage
+    from rocketmq_dedup.testing import ClassicMessage
     from tests.integration.exactly_once_support import execute, make_client
 
     driver, table, app, effects, msg_id = sys.argv[1:]

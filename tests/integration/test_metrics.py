@@ -17,7 +17,8 @@ from redis.retry import Retry
 from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupElement, DedupStatus
 from rocketmq_dedup.metrics import OpenTelemetryMetrics, PrometheusMetrics
 from rocketmq_dedup.stores.base import DedupStore
-from tests.support import ClassicMessage, mysql_connect, otel_points, prometheus_value, wait_for
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import mysql_connect, otel_points, prometheus_value, wait_for
 from tests.unit.test_metrics import Listener
 
 LATER = ConsumeStatus.RECONSUME_LATER

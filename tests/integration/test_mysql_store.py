@@ -18,7 +18,8 @@ from rocketmq_dedup import (
     DedupStatus,
 )
 from rocketmq_dedup.stores.mysql import PURGE_SCAN_SQL, MySQLDedupStore
-from tests.support import ClassicMessage, mysql_connect, wait_for
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import mysql_connect, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

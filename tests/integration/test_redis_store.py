@@ -24,7 +24,8 @@ from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.message import to_text
 from rocketmq_dedup.stores.redis import RedisDedupStore, transport
 from rocketmq_dedup.stores.redis.coalesce import Request
-from tests.support import REDIS_URL, ClassicMessage, outcome
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import REDIS_URL, outcome
 
 
 class CountingConnection(redis.Connection):

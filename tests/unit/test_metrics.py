@@ -36,7 +36,8 @@ from rocketmq_dedup.metrics import (
     StoreOp,
 )
 from rocketmq_dedup.stores.base import DedupStore
-from tests.support import ClassicMessage, otel_points, prometheus_value, wait_for
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import otel_points, prometheus_value, wait_for
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
