@@ -93,10 +93,10 @@ class PrometheusMetrics(DedupMetrics):
       pass for a fast one)
     * ``rocketmq_dedup_handler_seconds{app, topic}`` (histogram)
 
-    Every outcome of a topic, every op and both lease counters of an application are exported
-    at 0 from its first message, so that ``increase()`` and ``rate()`` see an event's first
-    occurrence. Labels never carry a key or a message id. Serve them as usual, e.g.
-    ``prometheus_client.start_http_server(8000)``.
+    Every outcome and the handler histogram of a topic, every op's error counter and histogram
+    and both lease counters of an application are exported at 0 from its first message, so
+    that ``increase()`` and ``rate()`` see an event's first occurrence. Labels never carry a
+    key or a message id. Serve them as usual, e.g. ``prometheus_client.start_http_server(8000)``.
     """
 
     def __init__(self, registry: Optional[Any] = None) -> None:
@@ -208,6 +208,12 @@ class PrometheusMetrics(DedupMetrics):
             for op in StoreOp:
                 family.add_metric([app, op.value], errors.get((app, op), 0))
         yield family
+        empty_store, empty_handler = _Histogram(STORE_BUCKETS), _Histogram(HANDLER_BUCKETS)
+        for app in apps:
+            for op in StoreOp:
+                store.setdefault((app, op.value), empty_store.family_args())
+        for key in topics:
+            handler.setdefault(key, empty_handler.family_args())
         for name, doc, labels, histograms in (
             ("rocketmq_dedup_store_seconds", "Duration of dedup store calls", ["app", "op"], store),
             (

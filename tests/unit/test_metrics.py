@@ -352,6 +352,34 @@ def test_failed_store_calls_are_counted_apart_in_prometheus(app_name: str) -> No
     assert value("rocketmq_dedup_store_errors_total", app=app_name, op="mark_consumed") == 0
 
 
+def test_prometheus_exports_every_series_at_zero_from_the_first_message(app_name: str) -> None:
+    """A duplicate answered before any handler ran: every outcome of its topic, the handler
+    histogram, each op's errors and histogram and both lease counters are there, at 0 where
+    nothing happened, so that rate() and increase() count the first handled message, the first
+    error, the first lease lost (a series born at 1 has no increase)."""
+    registry = CollectorRegistry()
+    store = MemoryDedupStore()
+    store.claim(DedupElement(app_name, "TEST-TOPIC", "TagA", "m1"), "elsewhere", 60_000)
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, store, metrics=PrometheusMetrics(registry)
+    )
+    assert Listener(config)(ClassicMessage("m1")) is LATER  # in progress elsewhere
+    value = functools.partial(prometheus_value, registry)
+    base = {"app": app_name, "topic": "TEST-TOPIC"}
+    assert value("rocketmq_dedup_messages_total", **base, outcome="duplicate_in_progress") == 1
+    for outcome in Outcome:
+        if outcome is not Outcome.DUPLICATE_IN_PROGRESS:
+            assert value("rocketmq_dedup_messages_total", **base, outcome=outcome.value) == 0
+    assert value("rocketmq_dedup_handler_seconds_count", **base) == 0
+    assert value("rocketmq_dedup_handler_seconds_bucket", **base, le="+Inf") == 0
+    for op in StoreOp:
+        assert value("rocketmq_dedup_store_errors_total", app=app_name, op=op.value) == 0
+        expected = 1 if op is StoreOp.CLAIM else 0
+        assert value("rocketmq_dedup_store_seconds_count", app=app_name, op=op.value) == expected
+    assert value("rocketmq_dedup_lease_renewals_total", app=app_name) == 0
+    assert value("rocketmq_dedup_leases_lost_total", app=app_name) == 0
+
+
 def test_failed_store_calls_are_counted_apart_in_opentelemetry(app_name: str) -> None:
     """The same through OpenTelemetry: rocketmq_dedup.store.errors counts the failures, and
     rocketmq_dedup.store.duration records the calls that succeeded."""
