@@ -177,7 +177,8 @@ def deliver(
     ``concurrently=True``: every delivery on its own thread, and the first copy whose handler
     runs is held there until each other copy has been answered: the duplicates arrive while
     their twin is still in its handler, every time (no sleep, no luck). ``timeout`` bounds that
-    wait, in seconds; a delivery that has not returned by then raises ``TimeoutError``.
+    hold, in seconds; a delivery still running ``2 * timeout`` seconds after the start raises
+    ``TimeoutError``.
 
     The handler is observed through the listener's ``do_handle_msg`` (either listener kind:
     ``do_handle_msg(msg)`` or ``do_handle_msg(msg, conn)``), restored afterwards.
@@ -221,7 +222,7 @@ def deliver(
             for thread in threads:
                 thread.join(max(deadline - time.monotonic(), 0.0))
             if any(thread.is_alive() for thread in threads):
-                raise TimeoutError(f"a delivery of {msg!r} did not return within {timeout} s")
+                raise TimeoutError(f"a delivery of {msg!r} still ran after {2 * timeout} s")
     finally:
         if own is None:
             del listener.do_handle_msg

@@ -151,3 +151,17 @@ def test_the_readme_sample_passes_as_a_user_runs_it(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 passed" in result.stdout
+
+
+def test_deliver_concurrently_fails_on_a_handler_that_never_returns() -> None:
+    """A handler stuck past twice the timeout is a TimeoutError, not a hung test; the
+    listener's handler is restored all the same."""
+    listener = make(ManualClock())
+    release = threading.Event()
+    listener.do_handle_msg = lambda msg: release.wait(30)
+    try:
+        with pytest.raises(TimeoutError, match=r"still ran after 0\.4 s"):
+            deliver(listener, ClassicMessage("m1", keys=b"k"), 2, concurrently=True, timeout=0.2)
+        assert listener.do_handle_msg.__name__ == "<lambda>"
+    finally:
+        release.set()
