@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
-from bench.messages import BenchMessage, CountingHandler, consume_all, make_messages
+from bench.messages import CountingHandler, consume_all, make_messages
 from bench.naive import NAIVE_SCHEMA, NaiveMySQLDedup, NaiveRedisDedup, uniq_key
 from bench.settings import (
     LEASE_MS,
@@ -32,6 +32,7 @@ from rocketmq_dedup.status import ConsumeStatus
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
 from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
+from rocketmq_dedup.testing import ClassicMessage
 
 OK = ConsumeStatus.CONSUME_SUCCESS
 BATCH_SIZE = 32
@@ -93,7 +94,7 @@ class Case(abc.ABC):
         if self.duplicates:
             self.expect_no_failures(self.run(self.items), "the untimed first pass")
 
-    def group(self, msgs: list[BenchMessage]) -> Sequence[Any]:
+    def group(self, msgs: list[ClassicMessage]) -> Sequence[Any]:
         """How the timed loop receives the messages (one by one; batches override)."""
         return msgs
 
@@ -292,7 +293,7 @@ class RedisBatch32Fresh(LibraryRedisCase):
     name = "redis_batch32_fresh"
     quick_n, full_n = 32 * 1_000, 32 * 4_000
 
-    def group(self, msgs: list[BenchMessage]) -> Sequence[Any]:
+    def group(self, msgs: list[ClassicMessage]) -> Sequence[Any]:
         return [msgs[i : i + BATCH_SIZE] for i in range(0, len(msgs), BATCH_SIZE)]
 
     def consume(self, item: Any) -> Any:

@@ -1,36 +1,22 @@
-"""Synthetic messages shaped like the classic client's ``RecvMessage``, the counting handler
-every case shares, and the timed loop."""
+"""Synthetic messages (rocketmq_dedup.testing's, shaped like the classic client's
+``RecvMessage``), the counting handler every case shares, and the timed loop."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
 from bench.settings import TAG, TOPIC
-
-UNIQ_KEY = "UNIQ_KEY"
-
-
-class BenchMessage:
-    """Like rocketmq-client-python's ``RecvMessage``: ``topic`` str, bytes ``tags``/``keys``/
-    ``body``, ``id`` str and bytes properties (``UNIQ_KEY`` = the id, as producers set it)."""
-
-    __slots__ = ("body", "id", "keys", "reconsume_times", "tags", "topic")
-
-    def __init__(self, msg_id: str) -> None:
-        self.id = msg_id
-        self.topic = TOPIC
-        self.tags = TAG.encode()
-        self.keys = b""
-        self.body = b'{"order": 1}'
-        self.reconsume_times = 0
-
-    def get_property(self, name: str) -> bytes:
-        return self.id.encode() if name == UNIQ_KEY else b""
+from rocketmq_dedup.testing import ClassicMessage
 
 
-def make_messages(prefix: str, n: int) -> list[BenchMessage]:
-    """``n`` messages with ids unique to ``prefix`` (run id, case and rep)."""
-    return [BenchMessage(f"{prefix}-{i}") for i in range(n)]
+def make_messages(prefix: str, n: int) -> list[ClassicMessage]:
+    """``n`` classic-client messages with ids unique to ``prefix`` (run id, case and rep), the
+    id also their ``UNIQ_KEY`` (as producers set it: the default dedup key)."""
+    body, tags = b'{"order": 1}', TAG.encode()
+    return [
+        ClassicMessage(f"{prefix}-{i}", TOPIC, tags, body, uniq_key=f"{prefix}-{i}")
+        for i in range(n)
+    ]
 
 
 class CountingHandler:

@@ -9,21 +9,20 @@ from rocketmq_dedup.status import DedupStatus
 
 #: ``dedup_message_key(msg)``: the key (None: no dedup for this message).
 KeyOf = Callable[[Any], Any]
-#: ``do_handle_msg(msg)``, or ``do_handle_msg(msg, conn)`` in the exactly-once mode.
-Handle = Callable[..., Any]
 #: ``on_duplicate(msg, status)``.
 OnDuplicate = Callable[[Any, DedupStatus], None]
 
 
 class Hooks(NamedTuple):
-    """The listener's methods, bound when it is made (so the listener class, not the
-    instance, is where they are overridden). An optional hook the listener does not override
-    is None: the strategy then skips its work entirely."""
+    """The listener's methods: the handler looked up on the listener at each message (a
+    handler set on the instance, a test's mock say, is the one called), the others bound when
+    the listener is made (overridden in its class). An optional hook the listener does not
+    override is None: the strategy then skips its work entirely."""
 
+    listener: Any
+    """The listener: ``listener.do_handle_msg`` is the handler."""
     key_of: KeyOf
     """``dedup_message_key``."""
-    handle: Handle
-    """``do_handle_msg``."""
     on_duplicate: Optional[OnDuplicate] = None
     """``on_duplicate``, if overridden."""
     payload_of: Optional[Callable[[Any], Any]] = None

@@ -29,8 +29,8 @@ class BaseDedupListener(abc.ABC):
     raises (an exception escaping a ctypes callback would ack the message). For the 5.x client
     use :mod:`rocketmq_dedup.adapters.grpc`.
 
-    The listener's methods (``do_handle_msg``, ``dedup_message_key`` and the optional hooks)
-    are read once, when it is made: override them in the subclass.
+    ``do_handle_msg`` is looked up at each message; ``dedup_message_key`` and the optional
+    hooks are read once, when the listener is made: override them in the subclass.
 
     :param dedup_config: where and how to dedup; None disables dedup (as in the Java original).
     """
@@ -48,8 +48,8 @@ class BaseDedupListener(abc.ABC):
         """This listener's methods for its strategy, bound once: the optional ones only when
         the listener's class overrides them (else the strategy skips their work)."""
         return Hooks(
+            listener=self,
             key_of=self.dedup_message_key,
-            handle=self.do_handle_msg,
             on_duplicate=self.on_duplicate if self._overrides("on_duplicate") else None,
             payload_of=(
                 self.payload_fingerprint if self._overrides("payload_fingerprint") else None

@@ -150,7 +150,7 @@ def report(copies: List[Copy], orders: int, registry: CollectorRegistry) -> None
     print("metrics (rocketmq_dedup_messages_total by outcome, warm-up messages included):")
     for metric in registry.collect():
         for sample in metric.samples:
-            if sample.name == "rocketmq_dedup_messages_total":
+            if sample.name == "rocketmq_dedup_messages_total" and sample.value:  # not the 0s
                 print(f"  {sample.labels['outcome']:<55} {int(sample.value):>4}")
     print()
     if handled != orders:

@@ -60,9 +60,11 @@ def start_push_consumer(
     return consumer.shutdown  # type: ignore[no-any-return]
 
 
-def consume_until_interrupted(client: str, group: str, topic: str, listener: Any) -> None:
+def consume_until_interrupted(
+    client: str, group: str, topic: str, listener: Any, threads: int = 4
+) -> None:
     """Run a push consumer feeding ``listener`` until Ctrl-C, then shut it down."""
-    stop = start_push_consumer(client, group, topic, listener)
+    stop = start_push_consumer(client, group, topic, listener, threads)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -16,17 +16,18 @@ TEST_TOPIC = "TEST-TOPIC"
 
 
 class SampleListener(DedupConcurrentListener):
-    """Dedups TEST-TOPIC messages on their body; other topics on their unique id."""
+    """Dedups TEST-TOPIC messages (``topic``) on their body; other topics on their unique id."""
 
+    topic = TEST_TOPIC
     handle_seconds = 3.0
 
     def dedup_message_key(self, msg: Any) -> Optional[str]:
-        if message_topic(msg) == TEST_TOPIC:
+        if message_topic(msg) == self.topic:
             return to_text(msg.body)
         return super().dedup_message_key(msg)
 
     def do_handle_msg(self, msg: Any) -> bool:
-        if message_topic(msg) == TEST_TOPIC:
+        if message_topic(msg) == self.topic:
             logger.info("pretending to consume for a long time: %s", to_text(msg.body))
             time.sleep(self.handle_seconds)
         return True

@@ -2,10 +2,13 @@
 # Redis and MariaDB for tests, benchmarks and the demo: installed from Debian packages, bound to
 # 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID, run on the servers'
 # CPUs (scripts/lib.sh, SERVER_CPUS: the last CPU unless DEDUP_SERVER_CPUS says otherwise).
-#   scripts/services.sh up|down [redis|cluster|mysql|sentinel ...]   (no names: all four)
+#   scripts/services.sh up|down [redis|cluster|mysql|sentinel|prometheus ...]   (no names: all)
 #   scripts/services.sh status|restart-mysql|restart-sentinel-master|env
 # Redis: 127.0.0.1:16379.  Redis Cluster: 127.0.0.1:17000-17002 (3 masters).  MariaDB: 127.0.0.1:13306, database dedup_test, user dedup/dedup.
 # Redis Sentinel: a master on 127.0.0.1:16380 watched by one sentinel on 127.0.0.1:26379 (service mymaster).
+# Prometheus: 127.0.0.1:19090, scraping every second the targets whose file_sd files tests drop in
+# $STATE/prometheus/targets/*.json, evaluating the rule files in $STATE/prometheus/rules/*.yml
+# (POST /-/reload after a change: tests copy ops/prometheus/*.rules.yml there).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -16,6 +19,7 @@ MYSQL_SOCK="$STATE/mariadb.sock"
 SENTINEL_MASTER_PORT="${DEDUP_SENTINEL_MASTER_PORT:-16380}"
 SENTINEL_PORT="${DEDUP_SENTINEL_PORT:-26379}"
 SENTINEL_SERVICE=mymaster
+PROMETHEUS_PORT="${DEDUP_PROMETHEUS_PORT:-19090}"
 
 print_env() {
   cat <<ENV
@@ -24,6 +28,7 @@ export DEDUP_REDIS_CLUSTER_URL=redis://127.0.0.1:${CLUSTER_PORTS[0]}/0
 export DEDUP_MYSQL_HOST=127.0.0.1 DEDUP_MYSQL_PORT=$MYSQL_PORT
 export DEDUP_MYSQL_USER=dedup DEDUP_MYSQL_PASSWORD=dedup DEDUP_MYSQL_DATABASE=dedup_test
 export DEDUP_REDIS_SENTINEL=127.0.0.1:$SENTINEL_PORT DEDUP_REDIS_SENTINEL_MASTER=$SENTINEL_SERVICE
+export DEDUP_PROMETHEUS_URL=http://127.0.0.1:$PROMETHEUS_PORT DEDUP_PROMETHEUS_DIR=$STATE/prometheus
 ENV
 }
 
@@ -124,9 +129,34 @@ SQL
   log "mariadb up on 127.0.0.1:$MYSQL_PORT (pid $(cat "$STATE/mariadb.pid"))"
 }
 
+prometheus_up() {
+  if pid_alive "$STATE/prometheus.pid"; then log "prometheus already running"; return; fi
+  local dir="$STATE/prometheus"
+  mkdir -p "$dir/data" "$dir/targets" "$dir/rules"
+  cat >"$dir/prometheus.yml" <<CONF
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - $dir/rules/*.yml
+scrape_configs:
+  - job_name: rocketmq-dedup
+    file_sd_configs:
+      - files: ["$dir/targets/*.json"]
+CONF
+  # setsid: its own session, so it outlives the process group of whoever started it
+  nohup setsid "${SERVER_CPUS[@]}" prometheus --config.file="$dir/prometheus.yml" \
+    --storage.tsdb.path="$dir/data" --storage.tsdb.retention.time=1d \
+    --web.listen-address="127.0.0.1:$PROMETHEUS_PORT" --web.enable-lifecycle \
+    >"$dir/prometheus.log" 2>&1 &
+  echo $! >"$STATE/prometheus.pid"
+  wait_until 60 "prometheus" curl -sf "http://127.0.0.1:$PROMETHEUS_PORT/-/ready"
+  log "prometheus up on 127.0.0.1:$PROMETHEUS_PORT (pid $(cat "$STATE/prometheus.pid"))"
+}
+
 status() {
   local rc=0
-  for name in redis mariadb "${CLUSTER_PORTS[@]/#/redis-cluster-}" sentinel-master sentinel; do
+  for name in redis mariadb "${CLUSTER_PORTS[@]/#/redis-cluster-}" sentinel-master sentinel prometheus; do
     if pid_alive "$STATE/$name.pid"; then echo "$name: running (pid $(cat "$STATE/$name.pid"))"
     else echo "$name: stopped"; rc=1; fi
   done
@@ -136,19 +166,20 @@ status() {
 case "${1:-}" in
   up)
     shift
-    wanted=("${@:-redis cluster mysql sentinel}"); wanted=(${wanted[*]})
-    apt_install redis-server mariadb-server mariadb-client
+    wanted=("${@:-redis cluster mysql sentinel prometheus}"); wanted=(${wanted[*]})
+    apt_install redis-server mariadb-server mariadb-client prometheus curl
     mkdir -p "$STATE"
     for svc in "${wanted[@]}"; do
       case "$svc" in
         redis) redis_up ;; cluster) cluster_up ;; mysql) mysql_up ;; sentinel) sentinel_up ;;
-        *) die "unknown service $svc (redis, cluster, mysql, sentinel)" ;;
+        prometheus) prometheus_up ;;
+        *) die "unknown service $svc (redis, cluster, mysql, sentinel, prometheus)" ;;
       esac
     done
     ;;
   down)
     shift
-    wanted=("${@:-redis cluster mysql sentinel}"); wanted=(${wanted[*]})
+    wanted=("${@:-redis cluster mysql sentinel prometheus}"); wanted=(${wanted[*]})
     for svc in "${wanted[@]}"; do
       case "$svc" in
         redis) stop_pid "$STATE/redis.pid" redis ;;
@@ -160,7 +191,8 @@ case "${1:-}" in
         sentinel)
           stop_pid "$STATE/sentinel.pid" sentinel
           stop_pid "$STATE/sentinel-master.pid" "sentinel master" ;;
-        *) die "unknown service $svc (redis, cluster, mysql, sentinel)" ;;
+        prometheus) stop_pid "$STATE/prometheus.pid" prometheus ;;
+        *) die "unknown service $svc (redis, cluster, mysql, sentinel, prometheus)" ;;
       esac
     done
     ;;

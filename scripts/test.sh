@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what it needs (Debian packages, Python
 # environments, RocketMQ jars), starts Redis, MariaDB and RocketMQ on 127.0.0.1, runs lint,
-# type checks, the unit/contract/integration tests and the end-to-end tests through the broker
+# type checks, the unit/packaging/contract/integration tests and the end-to-end tests through the broker
 # with both Python clients and the quick fault soak, then stops what it started. Extra arguments
 # go to every pytest run.
 set -euo pipefail
@@ -40,6 +40,8 @@ run_suite() {  # run_suite NAME VENV PYTEST-ARGS...
     --junitxml="$RESULTS/$name.xml" "$@" || failed=1
 }
 run_suite unit .venv tests/unit "$@"
+# the wheel as a user installs it: build, twine check, a fresh venv (needs PyPI, no server)
+run_suite packaging .venv tests/packaging "$@"
 run_suite integration .venv tests/integration "$@"
 # -v: a line per test as it completes (the e2e suites take minutes)
 run_suite e2e-classic .venv-classic tests/e2e -m e2e -v "$@"

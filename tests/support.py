@@ -1,11 +1,12 @@
-"""Test helpers: fake messages of both client shapes, polling, server settings."""
+"""Test helpers: polling, server settings, a duck-typed store, metric readers. Messages of
+both client shapes and a clock the test moves: rocketmq_dedup.testing (public)."""
 
 from __future__ import annotations
 
 import functools
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.stores.base import Claim
 
@@ -49,57 +50,6 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {condition}")
         time.sleep(interval)
-
-
-class ClassicMessage:
-    """Shaped like rocketmq-client-python's RecvMessage: bytes properties, ``tags``, ``id``."""
-
-    def __init__(
-        self,
-        msg_id: str,
-        topic: str = "TEST-TOPIC",
-        tags: Any = b"TagA",
-        body: bytes = b"",
-        uniq_key: Optional[str] = None,
-        reconsume_times: int = 0,
-        keys: Any = b"",
-        properties: Optional[Dict[str, bytes]] = None,
-    ) -> None:
-        """``keys``: one string, keys separated by spaces (as librocketmq returns them)."""
-        self.id = msg_id
-        self.topic = topic
-        self.tags = tags
-        self.keys = keys
-        self.body = body
-        self.reconsume_times = reconsume_times
-        self._props = dict(properties or {})
-        if uniq_key:
-            self._props["UNIQ_KEY"] = uniq_key.encode()
-
-    def get_property(self, name: str) -> bytes:
-        return self._props.get(name, b"")
-
-
-class GrpcMessage:
-    """Shaped like rocketmq-python-client 5.x's Message: ``tag``, ``message_id``, a dict."""
-
-    def __init__(
-        self,
-        message_id: str,
-        topic: str = "TEST-TOPIC",
-        tag: Optional[str] = "TagA",
-        body: bytes = b"",
-        keys: Optional[Set[str]] = None,
-        delivery_attempt: int = 1,
-        properties: Optional[Dict[str, str]] = None,
-    ) -> None:
-        self.message_id = message_id
-        self.topic = topic
-        self.tag = tag
-        self.keys = keys or set()
-        self.body = body
-        self.delivery_attempt = delivery_attempt
-        self.properties: Dict[str, str] = dict(properties or {})
 
 
 class DuckStore:

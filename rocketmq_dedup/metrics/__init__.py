@@ -62,7 +62,9 @@ class DedupMetrics:
         """Called once per message decision (handled, duplicate, error...)."""
 
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
-        """Called once per store call (a batch is one call), with its duration."""
+        """Called once per store call (a batch is one call), with its duration; ``ok`` is False
+        when the call raised (an outage or a store defect). The shipped implementations count
+        failed calls apart and time only the calls that succeeded."""
 
     def leases(self, application: str, renewed: int, lost: int) -> None:
         """Called after each lease renewal round: leases extended, and claims found taken over."""

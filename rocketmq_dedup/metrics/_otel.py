@@ -54,6 +54,9 @@ class OpenTelemetryMetrics(DedupMetrics):
         self._store = meter.create_histogram(
             "rocketmq_dedup.store.duration", unit="s", description="Dedup store calls"
         )
+        self._errors = meter.create_counter(
+            "rocketmq_dedup.store.errors", unit="{call}", description="Failed dedup store calls"
+        )
         self._handler = meter.create_histogram(
             "rocketmq_dedup.handler.duration", unit="s", description="do_handle_msg"
         )
@@ -87,7 +90,10 @@ class OpenTelemetryMetrics(DedupMetrics):
             span.end()
 
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
-        self._store.record(seconds, {"app": application, "op": op.value})
+        if ok:
+            self._store.record(seconds, {"app": application, "op": op.value})
+        else:  # a call refused in a millisecond is not a fast call
+            self._errors.add(1, {"app": application, "op": op.value})
 
     def leases(self, application: str, renewed: int, lost: int) -> None:
         if renewed:

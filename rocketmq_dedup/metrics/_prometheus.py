@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import MissingExtraError
-from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
+from rocketmq_dedup.metrics import Decision, DedupMetrics, Outcome, StoreOp
 
 try:
     import prometheus_client
@@ -86,12 +86,17 @@ class PrometheusMetrics(DedupMetrics):
 
     * ``rocketmq_dedup_messages_total{app, topic, outcome}``
     * ``rocketmq_dedup_lease_renewals_total{app}``, ``rocketmq_dedup_leases_lost_total{app}``
-    * ``rocketmq_dedup_store_seconds{app, op}`` (histogram; ``op``: claim, mark_consumed,
-      release, renew)
+    * ``rocketmq_dedup_store_seconds{app, op}`` (histogram of the calls that succeeded; ``op``:
+      claim, mark_consumed, release, renew)
+    * ``rocketmq_dedup_store_errors_total{app, op}`` (the calls that failed: an outage or a
+      store defect; they are not in the histogram, where a call refused in a millisecond would
+      pass for a fast one)
     * ``rocketmq_dedup_handler_seconds{app, topic}`` (histogram)
 
-    Labels never carry a key or a message id. Serve them as usual, e.g.
-    ``prometheus_client.start_http_server(8000)``.
+    Every outcome and the handler histogram of a topic, every op's error counter and histogram
+    and both lease counters of an application are exported at 0 from its first message, so
+    that ``increase()`` and ``rate()`` see an event's first occurrence. Labels never carry a
+    key or a message id. Serve them as usual, e.g. ``prometheus_client.start_http_server(8000)``.
     """
 
     def __init__(self, registry: Optional[Any] = None) -> None:
@@ -101,6 +106,7 @@ class PrometheusMetrics(DedupMetrics):
         self._messages: Dict[Tuple[str, str, Any], int] = {}
         self._renewals: Dict[str, int] = {}
         self._lost: Dict[str, int] = {}
+        self._errors: Dict[Tuple[str, Any], int] = {}  # (app, StoreOp): failed calls
         self._store: Dict[Tuple[str, Any], _Histogram] = {}  # (app, StoreOp)
         self._handler: Dict[Tuple[str, Any], _Histogram] = {}  # (app, topic)
         target = prometheus_client.REGISTRY if registry is None else registry
@@ -119,6 +125,10 @@ class PrometheusMetrics(DedupMetrics):
             self._fold()
 
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
+        if not ok:  # rare (an outage or a defect): counted at once, under the lock
+            with self._lock:
+                self._errors[application, op] = self._errors.get((application, op), 0) + 1
+            return
         timings = self._timings.get((application, op))
         if timings is None:
             timings = self._timings.setdefault((application, op), [])
@@ -164,6 +174,8 @@ class PrometheusMetrics(DedupMetrics):
         with self._lock:
             messages = dict(self._messages)
             renewals, lost = dict(self._renewals), dict(self._lost)
+            errors = dict(self._errors)
+            apps = {app for app, _ in self._store} | {app for app, _ in errors}
             store = {(a, op.value): h.family_args() for (a, op), h in self._store.items()}
             handler = {k: h.family_args() for k, h in self._handler.items()}
         family = CounterMetricFamily(
@@ -171,17 +183,37 @@ class PrometheusMetrics(DedupMetrics):
             "Messages by what the dedup listener did with them",
             labels=["app", "topic", "outcome"],
         )
-        for (app, topic, outcome), value in messages.items():
-            family.add_metric([app, topic, outcome.value], value)
+        topics = {(app, topic) for app, topic, _ in messages}
+        for app, topic in sorted(topics):
+            for outcome in Outcome:
+                family.add_metric(
+                    [app, topic, outcome.value], messages.get((app, topic, outcome), 0)
+                )
         yield family
+        apps |= {app for app, _ in topics} | renewals.keys() | lost.keys()
         for name, doc, values in (
             ("rocketmq_dedup_lease_renewals", "CONSUMING leases extended", renewals),
             ("rocketmq_dedup_leases_lost", "Claims found taken over at renewal", lost),
         ):
             family = CounterMetricFamily(name, doc, labels=["app"])
-            for app, value in values.items():
-                family.add_metric([app], value)
+            for app in sorted(apps):
+                family.add_metric([app], values.get(app, 0))
             yield family
+        family = CounterMetricFamily(
+            "rocketmq_dedup_store_errors",
+            "Dedup store calls that failed (not in rocketmq_dedup_store_seconds)",
+            labels=["app", "op"],
+        )
+        for app in sorted(apps):
+            for op in StoreOp:
+                family.add_metric([app, op.value], errors.get((app, op), 0))
+        yield family
+        empty_store, empty_handler = _Histogram(STORE_BUCKETS), _Histogram(HANDLER_BUCKETS)
+        for app in apps:
+            for op in StoreOp:
+                store.setdefault((app, op.value), empty_store.family_args())
+        for key in topics:
+            handler.setdefault(key, empty_handler.family_args())
         for name, doc, labels, histograms in (
             ("rocketmq_dedup_store_seconds", "Duration of dedup store calls", ["app", "op"], store),
             (

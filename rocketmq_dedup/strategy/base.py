@@ -102,10 +102,12 @@ class PassThroughStrategy(Strategy):
         return statuses
 
     def _handle(self, msg: Any, snap: Optional[Snapshot]) -> ConsumeStatus:
-        status = run_handler(self.hooks.handle, msg)
+        status = run_handler(self.hooks.listener.do_handle_msg, msg)
         if status is SUCCESS or snap is None or not snap.local_retries:
             return status
-        return retry_locally(lambda: run_handler(self.hooks.handle, msg), snap, status)
+        return retry_locally(
+            lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, status
+        )
 
 
 def retry_locally(

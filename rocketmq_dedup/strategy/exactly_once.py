@@ -272,7 +272,7 @@ class TransactionalStrategy(DedupTemplate):
         begin = time.perf_counter() if timed else 0.0
         try:
             with tx.guarded():
-                result = self.hooks.handle(delivery.msg, tx.conn)
+                result = self.hooks.listener.do_handle_msg(delivery.msg, tx.conn)
         except Exception as exc:
             tx.broken = True
             if not isinstance(exc, TransactionMisuseError):

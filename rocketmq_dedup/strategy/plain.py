@@ -147,7 +147,7 @@ class DedupStrategy(DedupTemplate):
     # -- run -----------------------------------------------------------------------------
 
     def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
-        handle, msg = self.hooks.handle, delivery.msg
+        handle, msg = self.hooks.listener.do_handle_msg, delivery.msg
         if snap.metrics is None:
             status = run_handler(handle, msg)
             if status is not SUCCESS and snap.local_retries:

@@ -308,7 +308,7 @@ def test_concurrent_threads_share_round_trips(
     import logging
 
     from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
-    from tests.support import ClassicMessage
+    from rocketmq_dedup.testing import ClassicMessage
 
     class Ok(DedupConcurrentListener):
         def do_handle_msg(self, msg: Any) -> bool:

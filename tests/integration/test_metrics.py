@@ -17,7 +17,8 @@ from redis.retry import Retry
 from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupElement, DedupStatus
 from rocketmq_dedup.metrics import OpenTelemetryMetrics, PrometheusMetrics
 from rocketmq_dedup.stores.base import DedupStore
-from tests.support import ClassicMessage, mysql_connect, otel_points, prometheus_value, wait_for
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import mysql_connect, otel_points, prometheus_value, wait_for
 from tests.unit.test_metrics import Listener
 
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -97,26 +98,51 @@ def test_prometheus_instruments_on_a_real_store(store: DedupStore, app_name: str
     assert metrics.value("rocketmq_dedup_handler_seconds_count", **base) == 4  # m1 bad nokey slow
 
 
+def unreachable(server: str) -> Any:
+    """A Redis client or a MySQL connection factory for an address where nothing listens."""
+    if server == "redis":
+        return redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    return mysql_connect(port=1, connect_timeout=1)
+
+
 @pytest.mark.parametrize("server", ["redis", "mysql"])
 @pytest.mark.parametrize("policy", ["consume", "reconsume_later"])
 def test_outage_outcomes_on_unreachable_servers(server: str, policy: str, app_name: str) -> None:
     """store_error_consumed / store_error_later, and the failed claim timed, when the Redis or
     MariaDB address answers nothing."""
-    client: Any = (
-        redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
-        if server == "redis"
-        else mysql_connect(port=1, connect_timeout=1)
-    )
     metrics = Prometheus()
     config = DedupConfig.enable_dedup_consume_config(
-        app_name, client, metrics=metrics, store_failure_policy=policy, check_store=False
+        app_name,
+        unreachable(server),
+        metrics=metrics,
+        store_failure_policy=policy,
+        check_store=False,
     )
     status = Listener(config)(ClassicMessage("m1"))
     outcome = "store_error_consumed" if policy == "consume" else "store_error_later"
     base = {"app": app_name, "topic": TOPIC}
     assert metrics.value("rocketmq_dedup_messages_total", **base, outcome=outcome) == 1
     assert (status is LATER) is (policy == "reconsume_later")
-    assert metrics.value("rocketmq_dedup_store_seconds_count", app=app_name, op="claim") == 1
+    # the failed claim is an error, not a (fast) call in the latency histogram
+    assert metrics.value("rocketmq_dedup_store_errors_total", app=app_name, op="claim") == 1
+    assert metrics.value("rocketmq_dedup_store_seconds_count", app=app_name, op="claim") == 0
+
+
+@pytest.mark.parametrize("server", ["redis", "mysql"])
+def test_opentelemetry_counts_failed_calls_on_unreachable_servers(
+    server: str, app_name: str
+) -> None:
+    """OpenTelemetry: the failed claim is counted in rocketmq_dedup.store.errors and recorded in
+    no duration histogram, when the Redis or MariaDB address answers nothing."""
+    reader = InMemoryMetricReader()
+    metrics = OpenTelemetryMetrics(MeterProvider(metric_readers=[reader]))
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, unreachable(server), metrics=metrics, check_store=False
+    )
+    Listener(config)(ClassicMessage("m1"))
+    points = otel_points(reader)
+    assert points[("rocketmq_dedup.store.errors", None)] == 1
+    assert ("rocketmq_dedup.store.duration", None) not in points
 
 
 def test_opentelemetry_instruments_on_a_real_store(store: DedupStore, app_name: str) -> None:

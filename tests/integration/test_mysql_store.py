@@ -19,7 +19,8 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.mysql import PURGE_SCAN_SQL, MySQLDedupStore
-from tests.support import ClassicMessage, claims, mysql_connect, wait_for
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import claims, mysql_connect, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

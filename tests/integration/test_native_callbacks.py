@@ -27,8 +27,9 @@ import pytest
 import redis
 
 from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
+from rocketmq_dedup.testing import ClassicMessage
 from tests.native import UNSET, NativeBuildError, build_library, run_callbacks
-from tests.support import REDIS_URL, ClassicMessage, mysql_connect
+from tests.support import REDIS_URL, mysql_connect
 
 pytestmark = pytest.mark.usefixtures("fresh_thread_states")
 

@@ -7,7 +7,8 @@ import time
 from typing import Any, List
 
 from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
-from tests.support import REDIS_CLUSTER_URL, REDIS_URL, ClassicMessage, mysql_connect
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import REDIS_CLUSTER_URL, REDIS_URL, mysql_connect
 
 PROCESSES = 4
 KEYS = 60

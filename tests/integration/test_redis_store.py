@@ -25,7 +25,8 @@ from rocketmq_dedup.message import to_text
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.redis import RedisDedupStore, transport
 from rocketmq_dedup.stores.redis.coalesce import Request
-from tests.support import REDIS_URL, ClassicMessage, claims, outcome
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import REDIS_URL, claims, outcome
 
 
 class CountingConnection(redis.Connection):

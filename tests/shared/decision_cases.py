@@ -16,7 +16,8 @@ import pytest
 from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, DedupStatus
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.base import DedupStore
-from tests.support import ClassicMessage, wait_for
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import wait_for
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER

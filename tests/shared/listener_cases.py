@@ -17,7 +17,8 @@ from rocketmq_dedup import (
     DedupStatus,
 )
 from rocketmq_dedup.stores.base import Claim, DedupStore
-from tests.support import ClassicMessage, GrpcMessage, wait_for
+from rocketmq_dedup.testing import ClassicMessage, GrpcMessage
+from tests.support import wait_for
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER

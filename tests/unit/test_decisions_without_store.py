@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from rocketmq_dedup import MemoryDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from tests.shared.decision_cases import (
     LATER,
     SUCCESS,
@@ -17,7 +18,6 @@ from tests.shared.decision_cases import (
     Opaque,
     config_for,
 )
-from tests.support import ClassicMessage
 
 
 @pytest.mark.parametrize("result", [1, 0, "ok", "", 1.0, [True], object()], ids=repr)

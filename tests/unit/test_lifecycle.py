@@ -12,7 +12,8 @@ from rocketmq_dedup import DedupConcurrentListener, DedupConfig, MemoryDedupStor
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.memory import SWEEP_MIN_GROWTH
-from tests.support import ClassicMessage, wait_for
+from rocketmq_dedup.testing import ClassicMessage, ManualClock
+from tests.support import wait_for
 
 KEEPER = "rocketmq-dedup-lease-keeper"
 
@@ -91,11 +92,11 @@ def test_idle_keeper_exits_and_restarts_on_the_next_claim() -> None:
 def test_memory_store_size_is_bounded_by_live_records() -> None:
     """Expired records are swept as new ones arrive: 30 000 short-lived claims leave at most
     twice the live records plus the sweep margin."""
-    now = [0.0]
-    store = MemoryDedupStore(clock=lambda: now[0])
+    clock = ManualClock()
+    store = MemoryDedupStore(clock=clock)
     for i in range(30_000):
         store.claim(Claim(DedupElement("app", "T", "", f"k{i}"), "o"), 1000)
-        now[0] += 0.01  # each record lives 100 claims
+        clock.advance(0.01)  # each record lives 100 claims
     assert len(store) <= 2 * 100 + SWEEP_MIN_GROWTH
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from rocketmq_dedup import BatchResult, DedupConfig
+from rocketmq_dedup.testing import ClassicMessage
 from tests.shared.listener_cases import LATER, SUCCESS, RecordingListener
-from tests.support import ClassicMessage
 
 
 def test_disabled_config_handles_everything(app_name: str) -> None:

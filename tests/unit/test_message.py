@@ -17,7 +17,7 @@ from rocketmq_dedup.message import (
     message_topic,
     reconsume_times,
 )
-from tests.support import ClassicMessage, GrpcMessage
+from rocketmq_dedup.testing import ClassicMessage, GrpcMessage
 
 
 def test_classic_keys_are_split_on_spaces_in_order() -> None:

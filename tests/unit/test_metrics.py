@@ -35,8 +35,9 @@ from rocketmq_dedup.metrics import (
     PrometheusMetrics,
     StoreOp,
 )
-from rocketmq_dedup.stores.base import DedupStore
-from tests.support import ClassicMessage, otel_points, prometheus_value, wait_for
+from rocketmq_dedup.stores.base import Claim, DedupStore
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import otel_points, prometheus_value, wait_for
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -325,3 +326,72 @@ def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatc
     )
     assert Listener(config)(ClassicMessage("m2")) is SUCCESS
     assert "time_ns" in reads and "perf_counter" in reads
+
+
+class FastFailingStore(MemoryDedupStore):
+    """Claims fail at once, as a store whose server refuses connections does."""
+
+    outage_errors = (ConnectionRefusedError,)
+
+    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> Any:
+        raise ConnectionRefusedError("store down")
+
+
+def test_failed_store_calls_are_counted_apart_in_prometheus(app_name: str) -> None:
+    """A claim that fails is an error (rocketmq_dedup_store_errors_total{app, op}), not a fast
+    call: the latency histogram holds the calls that succeeded, and only those."""
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    good = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=metrics)
+    Listener(good)(ClassicMessage("m1"))
+    bad = DedupConfig.enable_dedup_consume_config(app_name, FastFailingStore(), metrics=metrics)
+    for i in range(3):
+        Listener(bad)(ClassicMessage(f"down-{i}"))
+    value = functools.partial(prometheus_value, registry)
+    assert value("rocketmq_dedup_store_errors_total", app=app_name, op="claim") == 3
+    assert value("rocketmq_dedup_store_seconds_count", app=app_name, op="claim") == 1
+    # every op of a seen application is exported from its first call, at 0 until it fails
+    assert value("rocketmq_dedup_store_errors_total", app=app_name, op="mark_consumed") == 0
+
+
+def test_prometheus_exports_every_series_at_zero_from_the_first_message(app_name: str) -> None:
+    """A duplicate answered before any handler ran: every outcome of its topic, the handler
+    histogram, each op's errors and histogram and both lease counters are there, at 0 where
+    nothing happened, so that rate() and increase() count the first handled message, the first
+    error, the first lease lost (a series born at 1 has no increase)."""
+    registry = CollectorRegistry()
+    store = MemoryDedupStore()
+    store.claim(Claim(DedupElement(app_name, "TEST-TOPIC", "TagA", "m1"), "elsewhere"), 60_000)
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, store, metrics=PrometheusMetrics(registry)
+    )
+    assert Listener(config)(ClassicMessage("m1")) is LATER  # in progress elsewhere
+    value = functools.partial(prometheus_value, registry)
+    base = {"app": app_name, "topic": "TEST-TOPIC"}
+    assert value("rocketmq_dedup_messages_total", **base, outcome="duplicate_in_progress") == 1
+    for outcome in Outcome:
+        if outcome is not Outcome.DUPLICATE_IN_PROGRESS:
+            assert value("rocketmq_dedup_messages_total", **base, outcome=outcome.value) == 0
+    assert value("rocketmq_dedup_handler_seconds_count", **base) == 0
+    assert value("rocketmq_dedup_handler_seconds_bucket", **base, le="+Inf") == 0
+    for op in StoreOp:
+        assert value("rocketmq_dedup_store_errors_total", app=app_name, op=op.value) == 0
+        expected = 1 if op is StoreOp.CLAIM else 0
+        assert value("rocketmq_dedup_store_seconds_count", app=app_name, op=op.value) == expected
+    assert value("rocketmq_dedup_lease_renewals_total", app=app_name) == 0
+    assert value("rocketmq_dedup_leases_lost_total", app=app_name) == 0
+
+
+def test_failed_store_calls_are_counted_apart_in_opentelemetry(app_name: str) -> None:
+    """The same through OpenTelemetry: rocketmq_dedup.store.errors counts the failures, and
+    rocketmq_dedup.store.duration records the calls that succeeded."""
+    reader = InMemoryMetricReader()
+    metrics = OpenTelemetryMetrics(MeterProvider(metric_readers=[reader]))
+    good = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=metrics)
+    Listener(good)(ClassicMessage("m1"))
+    bad = DedupConfig.enable_dedup_consume_config(app_name, FastFailingStore(), metrics=metrics)
+    for i in range(3):
+        Listener(bad)(ClassicMessage(f"down-{i}"))
+    points = otel_points(reader)
+    assert points[("rocketmq_dedup.store.errors", None)] == 3
+    assert points[("rocketmq_dedup.store.duration", None)] == 2  # m1's claim and mark

@@ -20,7 +20,8 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.base import Claim, ClaimResult
-from tests.support import ClassicMessage, mysql_connect
+from rocketmq_dedup.testing import ClassicMessage
+from tests.support import mysql_connect
 
 CLOSED_PORT = 1  # nothing listens on 127.0.0.1:1
 

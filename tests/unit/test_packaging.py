@@ -24,15 +24,16 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_import_works_without_any_extra() -> None:
-    """The package imports and the memory store works with no optional dependency."""
+    """The package imports and the memory store and rocketmq_dedup.testing work with no
+    optional dependency."""
     result = run_python(
         "from rocketmq_dedup import DedupConcurrentListener, DedupConfig, ConsumeStatus, "
         "MemoryDedupStore\n"
         "class L(DedupConcurrentListener):\n"
         "    def do_handle_msg(self, msg): return True\n"
-        "class M: id = 'x'; topic = 't'; tags = ''\n"
+        "from rocketmq_dedup.testing import ClassicMessage, deliver\n"
         "l = L(DedupConfig.enable_dedup_consume_config('a', MemoryDedupStore()))\n"
-        "print(int(l(M())), int(l(M())))\n"
+        "print(*map(int, deliver(l, ClassicMessage('x'), times=2).answers))\n"
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "0"]

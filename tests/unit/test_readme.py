@@ -5,10 +5,12 @@ every quick-start sample is shown in the README."""
 from __future__ import annotations
 
 import ast
+import enum
+import inspect
 import logging
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 
@@ -20,7 +22,7 @@ from rocketmq_dedup import (
     MemoryDedupStore,
 )
 from rocketmq_dedup.message import message_body, message_keys
-from tests.support import ClassicMessage, GrpcMessage
+from rocketmq_dedup.testing import ClassicMessage, GrpcMessage
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -54,11 +56,12 @@ def test_every_marker_is_followed_by_its_block() -> None:
 
 
 def test_every_quickstart_file_is_in_the_readme_once() -> None:
-    """samples/quickstart_*.py: all five, each shown once."""
+    """samples/quickstart_*.py: all five, each shown once; and the testing sample once."""
     shown = [path for path, _ in marked_blocks(README.read_text())]
     expected = [f"samples/{p.name}" for p in QUICKSTARTS]
     assert len(expected) == 5
-    assert sorted(shown) == expected
+    assert sorted(p for p in shown if "/quickstart_" in p) == expected
+    assert shown.count("samples/test_payment_listener.py") == 1
 
 
 def test_the_marker_check_catches_a_difference() -> None:
@@ -116,3 +119,250 @@ def test_the_quickstart_listener_handles_an_order_once_on_both_shapes(
         "order order-1 handled: 2 books",
         "order order-1: duplicate (CONSUMED), skipped",
     ]
+
+
+# -- the first screen, and what a user acts on ----------------------------------------------
+
+CHINESE = "## 中文快速上手"
+
+
+def english_and_chinese() -> Tuple[str, str]:
+    text = README.read_text()
+    english, _, chinese = text.partition(CHINESE)
+    assert chinese, "the Chinese section is missing"
+    return english, chinese
+
+
+def section(title: str) -> str:
+    """The text of the README section ``## title`` (up to the next ``## ``)."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end]
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+QUICK_START = re.compile(r"^## Quick start\n.*?^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def test_the_first_screen_says_what_why_how_to_set_up_and_a_short_quick_start() -> None:
+    """Before the table of contents: what it is, why (the Java original's defects), the two
+    set-up commands and a quick start of at most 15 lines of code; then a contents list whose
+    every link reaches a heading or a file."""
+    text = README.read_text()
+    first = text[: text.index("\n## Contents\n")]
+    assert len(first.splitlines()) <= 50
+    assert "RocketMQDedupListener" in first and "Why not the Java original" in first
+    assert "scripts/demo.sh" in first and "scripts/test.sh" in first
+    [code] = QUICK_START.findall(first)
+    lines = [line for line in code.splitlines() if line.strip()]
+    assert len(lines) <= 15, len(lines)
+    headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+    contents = section("Contents")
+    links = re.findall(r"\]\(([^)]+)\)", contents)
+    for needed in ("configuration", "operating-it", "performance", "under-faults"):
+        assert f"#{needed}" in links, needed
+    assert any(link.startswith("#exactly-once") for link in links)
+    for link in links + re.findall(r"\]\((#[^)]+)\)", first):
+        if link.startswith("#"):
+            assert link[1:] in headings, link
+        else:
+            assert (REPO / link).exists(), link
+
+
+def test_the_quick_start_is_the_samples_essentials() -> None:
+    """Every line of the 15-line quick start's listener and consumer calls is in
+    samples/quickstart_redis.py, bar the business logic placeholder and the literals the sample
+    reads from its environment (the defaults, the same values)."""
+    [code] = QUICK_START.findall(README.read_text())
+    sample = (REPO / "samples/quickstart_redis.py").read_text()
+    for call in ("DedupConfig.enable_dedup_consume_config(", "PushConsumer(", "set_name_server(",
+                 "consumer.subscribe(", "consumer.start()", "message_keys(msg)"):  # fmt: skip
+        assert call in code and call in sample, call
+    for literal in ('"order-service"', "16379", '"order-consumer-group"', '"127.0.0.1:9876"',
+                    '"ORDER-TOPIC"'):  # fmt: skip
+        assert literal in code and literal.strip('"') in sample, literal
+
+
+def table_rows(text: str, header: str) -> List[List[str]]:
+    """The cells of the Markdown table under ``header`` (its first line)."""
+    lines = text[text.index(header) :].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def readme_default(cell: str) -> Any:
+    """A default as the options table writes it: 60 000, `"consume"`, `True`, `None`..."""
+    cell = cell.strip("`")
+    if cell in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[cell]
+    if re.fullmatch(r"[\d ]+(\.\d+)?", cell):
+        return float(cell.replace(" ", ""))
+    return cell.strip('"')
+
+
+def code_default(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def test_the_options_table_is_dedup_configs_settings_with_their_defaults() -> None:
+    """Each option DedupConfig.enable_dedup_consume_config takes (its settings, the stores'
+    options, check_store) is a row, no row is anything else, and each default is the code's."""
+    from rocketmq_dedup import MySQLDedupStore, RedisDedupStore
+    from rocketmq_dedup.stores import STORE_OPTIONS
+
+    rows = table_rows(section("Configuration"), "| option | default | meaning |")
+    documented = {row[0].strip("`"): readme_default(row[1]) for row in rows}
+    settings = DedupConfig.settings()
+    assert set(documented) == set(settings) | set(STORE_OPTIONS) | {"check_store"}
+    defaults: Dict[str, Any] = {k: code_default(v) for k, v in settings.items()}
+    for function in (
+        DedupConfig.enable_dedup_consume_config,
+        MySQLDedupStore.__init__,
+        RedisDedupStore.__init__,
+    ):
+        for name, parameter in inspect.signature(function).parameters.items():
+            if parameter.default is not inspect.Parameter.empty:
+                defaults[name] = code_default(parameter.default)
+    for name, default in documented.items():
+        assert default == defaults[name], name
+
+
+def exported_prometheus() -> Set[str]:
+    """The sample names PrometheusMetrics exports once every kind of event happened."""
+    from prometheus_client import CollectorRegistry
+
+    from rocketmq_dedup.metrics import Decision, Outcome, PrometheusMetrics, StoreOp
+
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    metrics.message(Decision("app", "T", Outcome.CONSUMED, None, 0, 0.1))
+    metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
+    metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
+    metrics.leases("app", 1, 1)
+    return {sample.name for family in registry.collect() for sample in family.samples}
+
+
+def exported_opentelemetry() -> Set[str]:
+    """The instrument names OpenTelemetryMetrics records once every kind of event happened."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from rocketmq_dedup.metrics import Decision, OpenTelemetryMetrics, Outcome, StoreOp
+
+    reader = InMemoryMetricReader()
+    metrics = OpenTelemetryMetrics(MeterProvider(metric_readers=[reader]))
+    metrics.message(Decision("app", "T", Outcome.CONSUMED, None, 0, 0.1))
+    metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
+    metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
+    metrics.leases("app", 1, 1)
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+
+
+def test_the_metrics_list_is_what_the_backends_export() -> None:
+    """The Prometheus names the README shows are exported, and every exported family is
+    listed; the same for the OpenTelemetry instruments; every outcome and op is named."""
+    from rocketmq_dedup.metrics import Outcome, StoreOp
+
+    text = README.read_text()
+    samples = exported_prometheus()
+    shown = set(re.findall(r"\brocketmq_dedup_[a-z_]+[a-z]", text))
+    histograms = {name[: -len("_bucket")] for name in samples if name.endswith("_bucket")}
+    assert shown <= samples | histograms, shown - samples - histograms
+    counters = {name for name in samples if name.endswith("_total")}
+    assert counters | histograms <= shown, (counters | histograms) - shown
+    instruments = exported_opentelemetry()
+    otel = section("Operating it")
+    otel = otel[otel.index("`OpenTelemetryMetrics(") :]
+    otel = otel[
+        otel.index("the\n  same instruments (") : otel.index(")", otel.index("same instruments"))
+    ]
+    assert set(re.findall(r"`(rocketmq_dedup\.[a-z_.]+[a-z])`", otel)) == instruments
+    metrics_text = section("Operating it")
+    for name in [o.value for o in Outcome] + [op.value for op in StoreOp]:
+        assert f"`{name}`" in metrics_text, name
+
+
+def test_the_commands_table_is_the_command_line() -> None:
+    """Each command the README's table shows is one of the CLI's, and each of its commands is
+    shown; every --option the README names for it exists."""
+    from rocketmq_dedup.cli import cli
+
+    rows = table_rows(section("Operating it"), "| command | what it does |")
+    shown = {row[0].strip("`").split()[0] for row in rows}
+    assert shown == set(cli.commands)  # type: ignore[attr-defined]
+    options = {
+        opt
+        for command in cli.commands.values()  # type: ignore[attr-defined]
+        for group in [command, *getattr(command, "commands", {}).values()]
+        for param in group.params
+        for opt in param.opts
+    } | {"--version", "--help"}
+    text = README.read_text()
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", section("Operating it")))
+    named -= {"--app", "--topic", "--metrics-port"} - options  # the sample consumer's own
+    assert named <= options, named - options
+    assert "rocketmq-dedup --version" in text or "`--version`" in text
+
+
+def code_text() -> str:
+    files = [
+        *REPO.glob("rocketmq_dedup/**/*.py"),
+        *REPO.glob("samples/*.py"),
+        *REPO.glob("scripts/*.sh"),
+        *REPO.glob("scripts/rocketmq/*"),
+    ]
+    return "\n".join(path.read_text(errors="replace") for path in files if path.is_file())
+
+
+def test_env_vars_and_ports_in_the_readme_are_the_codes() -> None:
+    """Each environment variable and each port the README (either language) names appears in
+    the code, samples or scripts that read or open it."""
+    text, code = README.read_text(), code_text()
+    env_vars = set(re.findall(r"\b((?:ROCKETMQ|REDIS|MYSQL|ORDER|DEDUP)_[A-Z_]+[A-Z])\b", text))
+    env_vars |= {"REDISCLI_AUTH"}
+    assert len(env_vars) >= 10
+    for name in env_vars:
+        assert name in code, name
+    ports = set(re.findall(r"(?:127\.0\.0\.1:|port=|\()(\d{4,5})\b", text))
+    ports |= set(re.findall(r"(?:server|gRPC|remoting|broker) (\d{4,5})\b", text))
+    ports |= {p for pair in re.findall(r"\b(\d{5})-(\d{5})\b", text) for p in pair}
+    assert {"16379", "13306", "9876", "8081", "19090", "8000"} <= ports
+    for port in ports:
+        assert re.search(rf"\b{port}\b", code), port
+
+
+def test_the_chinese_section_names_what_the_english_one_does() -> None:
+    """What a user acts on, named in backticks in the Chinese section (options, functions and
+    metrics in snake_case, env vars, files, --flags, commands, extras, ports), is in the English
+    part as written; so are its host:port addresses."""
+    english, chinese = english_and_chinese()
+    chinese = re.sub(r"^```.*?^```$", "", chinese, flags=re.MULTILINE | re.DOTALL)
+    checked = 0
+    for quoted in re.findall(r"`([^`]+)`", chinese):
+        for word in re.findall(r"\[\w+\]|--[\w-]+|[A-Za-z_][\w./:-]*[\w/]|\d{4,5}", quoted):
+            acted_on = (
+                re.search(r"[_/\[]|^--|^\d+$", word)
+                or word.isupper()
+                or word in ("check", "inspect", "release", "stats", "purge", "schema")
+            )
+            if acted_on:
+                checked += 1
+                assert word in english, f"{word!r} (from `{quoted}`)"
+    assert checked >= 40
+    for address in re.findall(r"127\.0\.0\.1:\d+", chinese):
+        assert address in english, address

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rocketmq_dedup import ConsumeStatus, DedupConfig, MemoryDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from samples.sample_listener import SampleListener
-from tests.support import ClassicMessage
 
 
 def test_sample_listener_dedups_test_topic_on_the_body() -> None:

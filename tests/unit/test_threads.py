@@ -13,8 +13,8 @@ import pytest
 from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
 from rocketmq_dedup._threads import thread_state_kept
 from rocketmq_dedup.stores.memory import MemoryDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from tests.native import NativeBuildError, build_library, run_callbacks
-from tests.support import ClassicMessage
 
 SUCCESS = int(ConsumeStatus.CONSUME_SUCCESS)
 

@@ -20,6 +20,7 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
     EffectListener,
     EffectTable,
@@ -31,7 +32,7 @@ from tests.integration.exactly_once.support import (
     sql,
     unique,
 )
-from tests.support import MYSQL, ClassicMessage, mysql_connect
+from tests.support import MYSQL, mysql_connect
 
 pytestmark = pytest.mark.mysql
 

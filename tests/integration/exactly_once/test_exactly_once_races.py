@@ -20,12 +20,12 @@ import pytest
 
 from rocketmq_dedup import ConsumeStatus, DedupStatus
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
     EffectListener,
     EffectTable,
     make_config,
 )
-from tests.support import ClassicMessage
 
 pytestmark = pytest.mark.mysql
 
@@ -159,7 +159,7 @@ _CHILD = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {root!r})
     from rocketmq_dedup import DedupConfig, TransactionalDedupListener
-    from tests.support import ClassicMessage
+    from rocketmq_dedup.testing import ClassicMessage
     from tests.integration.exactly_once.support import execute, make_client
 
     driver, table, app, effects, msg_id = sys.argv[1:]

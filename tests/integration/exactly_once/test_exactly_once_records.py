@@ -18,13 +18,14 @@ from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
     EffectListener,
     EffectTable,
     SequencedListener,
     make_config,
 )
-from tests.support import MYSQL, ClassicMessage
+from tests.support import MYSQL
 
 pytestmark = pytest.mark.mysql
 

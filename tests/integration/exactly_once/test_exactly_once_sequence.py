@@ -14,6 +14,7 @@ import pytest
 from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupConfigError, DedupStatus
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
     EffectTable,
     SequencedListener,
@@ -21,7 +22,7 @@ from tests.integration.exactly_once.support import (
     sql,
     unique,
 )
-from tests.support import ClassicMessage, mysql_connect
+from tests.support import mysql_connect
 
 pytestmark = pytest.mark.mysql
 
