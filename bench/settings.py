@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from tests.support import ROCKETMQ_NAMESRV
+
 #: Every Redis key the bench writes starts with one of these prefixes (cleaned between reps).
 LIBRARY_KEY_PREFIX = "DEDUPBENCH"
 NAIVE_KEY_PREFIX = "DEDUPBENCH-NAIVE"
@@ -28,7 +30,7 @@ TAG = "TagBench"
 LEASE_MS = 60_000
 RESERVE_MINUTES = 1440
 
-NAMESRV_ADDR = os.environ.get("DEDUP_NAMESRV_ADDR", "127.0.0.1:9876")
+NAMESRV_ADDR = os.environ.get("DEDUP_NAMESRV_ADDR") or ROCKETMQ_NAMESRV
 
 
 class BenchSetupError(RuntimeError):

@@ -13,7 +13,8 @@ python -m samples.orders_exactly_once --orders 5   # also send 5 orders' steps a
 
 MariaDB/MySQL from DEDUP_MYSQL_HOST, _PORT, _USER, _PASSWORD, _DATABASE (the defaults are
 scripts/services.sh's: 127.0.0.1:13306, dedup/dedup, dedup_test); the broker's name server is
-127.0.0.1:9876 (scripts/rocketmq.sh). Needs mysqlclient and the classic client.
+ROCKETMQ_NAMESRV (default 127.0.0.1:9876, scripts/rocketmq.sh's). Needs mysqlclient and the
+classic client.
 """
 
 from __future__ import annotations

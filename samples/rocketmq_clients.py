@@ -4,10 +4,11 @@ drive both Python clients with their own plumbing, tests/e2e/clients.py.)"""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Callable, Dict, Tuple
 
-NAMESRV = "127.0.0.1:9876"
+NAMESRV = os.environ.get("ROCKETMQ_NAMESRV", "127.0.0.1:9876")
 
 
 def _check_client(client: str) -> None:

@@ -4,11 +4,13 @@
 #   scripts/bench.sh [--quick] [--json PATH] [--chart PATH] [--cases NAMES] [--reps N] [--check]
 #   scripts/bench.sh --help            all options (python -m bench --help)
 # Servers that are not running are started and, at exit, stopped again; servers that were
-# already running are used and left alone.
+# already running are used and left alone. --help and --list start nothing (no bootstrap either).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
+
+if info_only --list "$@"; then exec "$(info_python)" -m bench "$@"; fi
 
 PY=.venv-classic/bin/python
 

@@ -4,6 +4,14 @@
 STATE_ROOT="${ROCKETMQ_DEDUP_STATE_ROOT:-/tmp/rocketmq-dedup}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+# The RocketMQ server's ports (scripts/rocketmq.sh; the broker also takes BROKER_PORT-2 and
+# BROKER_PORT+1), overridable to run a private server beside the project's (the soak on a shared
+# machine). The clients find it through ROCKETMQ_NAMESRV and ROCKETMQ_PROXY (`services.sh env`).
+ROCKETMQ_NAMESRV_PORT="${ROCKETMQ_DEDUP_NAMESRV_PORT:-9876}"
+ROCKETMQ_GRPC_PORT="${ROCKETMQ_DEDUP_GRPC_PORT:-8081}"
+ROCKETMQ_REMOTING_PORT="${ROCKETMQ_DEDUP_REMOTING_PORT:-8080}"
+ROCKETMQ_BROKER_PORT="${ROCKETMQ_DEDUP_BROKER_PORT:-10911}"
+
 log() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
@@ -15,6 +23,22 @@ wait_until() {
     if ((SECONDS >= deadline)); then die "timed out after ${seconds}s waiting for $what"; fi
     sleep 0.2
   done
+}
+
+# info_only WORDS ARG...: whether ARG... holds -h, --help or one of WORDS (e.g. "--list"): the
+# caller then prints and exits without bootstrapping or starting a server.
+info_only() {
+  local words=" -h --help $1 " arg
+  shift
+  for arg in "$@"; do [[ $words == *" $arg "* ]] && return 0; done
+  return 1
+}
+
+# info_python: the Python for info_only runs: .venv-classic's once bootstrapped, else python3 (the
+# harnesses' --help and --list import only the standard library and the repository).
+info_python() {
+  if [[ -x $REPO_ROOT/.venv-classic/bin/python ]]; then echo "$REPO_ROOT/.venv-classic/bin/python"
+  else echo python3; fi
 }
 
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -10,10 +10,12 @@
 #   scripts/rocketmq.sh both "T1 T2" "G1 G2"  topics and groups in one go
 #   scripts/rocketmq.sh admin ARGS...  mqadmin against the running server (e.g. topicStatus -t T)
 #
-# Endpoints once up:
+# Endpoints once up (the ports: defaults, see the environment below):
 #   name server (classic remoting clients)   127.0.0.1:9876
 #   proxy gRPC  (5.x gRPC clients)           127.0.0.1:8081
-#   proxy remoting 8080, broker 10911 (+10909 fast remoting, 10912 HA)
+#   proxy remoting 8080, broker 10911 (+10909 fast remoting, 10912 HA: the broker port -2, +1)
+# The clients of the tests, the bench, the soak and the samples find them through
+# ROCKETMQ_NAMESRV and ROCKETMQ_PROXY (`scripts/services.sh env` prints both from the ports).
 #
 # Needs Java 17+ (with javac) and, once per version for the jar fetch, Maven: installed from
 # Debian packages (openjdk-17-jdk-headless, maven) when missing. The configuration files and the
@@ -43,6 +45,13 @@
 #                              are stopped at once; a clean shutdown took 9.9-10.2 s for the
 #                              proxy+broker, 3.9-4.9 s for the name server on the 2-core machine;
 #                              a KILL is logged as a problem, the store is deleted anyway)
+#   ROCKETMQ_DEDUP_NAMESRV_PORT   name server port (default 9876)
+#   ROCKETMQ_DEDUP_GRPC_PORT      proxy gRPC port (default 8081)
+#   ROCKETMQ_DEDUP_REMOTING_PORT  proxy remoting port (default 8080)
+#   ROCKETMQ_DEDUP_BROKER_PORT    broker port (default 10911; the broker also listens on this
+#                              port - 2 and + 1). With a private ROCKETMQ_DEDUP_STATE_ROOT and
+#                              ROCKETMQ_DEDUP_STORE, a second server runs beside the first, e.g.
+#                              19876/18081/18080/20911.
 #   JAVA                       the java binary (default: java on PATH if 17+, javac beside it)
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -68,11 +77,11 @@ TOPICS="$BASE_TOPICS ${ROCKETMQ_DEDUP_TOPICS:-}"
 GROUPS_="${ROCKETMQ_DEDUP_GROUPS:-$DEFAULT_GROUPS}"
 PROBE_TOPIC="DEDUP-PROBE"   # used only by the readiness probe, never by tests
 
-NAMESRV_PORT=9876
+NAMESRV_PORT=$ROCKETMQ_NAMESRV_PORT   # scripts/lib.sh: the ROCKETMQ_DEDUP_*_PORT variables
 NAMESRV_ADDR="127.0.0.1:$NAMESRV_PORT"
-GRPC_PORT=8081
-REMOTING_PORT=8080
-BROKER_PORT=10911
+GRPC_PORT=$ROCKETMQ_GRPC_PORT
+REMOTING_PORT=$ROCKETMQ_REMOTING_PORT
+BROKER_PORT=$ROCKETMQ_BROKER_PORT
 
 JAVA="${JAVA:-java}"
 JAVA_OPENS=(
@@ -227,7 +236,7 @@ cmd_up() {
     log "half up: stopping leftovers first"
     cmd_down
   fi
-  for p in $NAMESRV_PORT $GRPC_PORT $REMOTING_PORT $BROKER_PORT; do
+  for p in $NAMESRV_PORT $GRPC_PORT $REMOTING_PORT $BROKER_PORT $((BROKER_PORT - 2)) $((BROKER_PORT + 1)); do
     if port_open "$p"; then die "port $p on 127.0.0.1 is already in use by another process"; fi
   done
 

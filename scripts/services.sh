@@ -3,7 +3,12 @@
 # 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID, run on the servers'
 # CPUs (scripts/lib.sh, SERVER_CPUS: the last CPU unless DEDUP_SERVER_CPUS says otherwise).
 #   scripts/services.sh up|down [redis|cluster|mysql|sentinel|prometheus ...]   (no names: all)
-#   scripts/services.sh status|restart-mysql|restart-sentinel-master|env
+#   scripts/services.sh status [redis|cluster|mysql|sentinel|prometheus ...]   (exit 0 if those run)
+#   scripts/services.sh restart-mysql|restart-sentinel-master|env
+# env prints the servers' addresses as the tests read them, RocketMQ's too (ROCKETMQ_NAMESRV,
+# ROCKETMQ_PROXY, from the ROCKETMQ_DEDUP_*_PORT variables of scripts/rocketmq.sh).
+# Ports: DEDUP_REDIS_PORT, DEDUP_MYSQL_PORT, DEDUP_SENTINEL_MASTER_PORT, DEDUP_SENTINEL_PORT,
+# DEDUP_PROMETHEUS_PORT (the cluster's 17000-17002 are fixed).
 # Redis: 127.0.0.1:16379.  Redis Cluster: 127.0.0.1:17000-17002 (3 masters).  MariaDB: 127.0.0.1:13306, database dedup_test, user dedup/dedup.
 # Redis Sentinel: a master on 127.0.0.1:16380 watched by one sentinel on 127.0.0.1:26379 (service mymaster).
 # Prometheus: 127.0.0.1:19090, scraping every second the targets whose file_sd files tests drop in
@@ -29,6 +34,7 @@ export DEDUP_MYSQL_HOST=127.0.0.1 DEDUP_MYSQL_PORT=$MYSQL_PORT
 export DEDUP_MYSQL_USER=dedup DEDUP_MYSQL_PASSWORD=dedup DEDUP_MYSQL_DATABASE=dedup_test
 export DEDUP_REDIS_SENTINEL=127.0.0.1:$SENTINEL_PORT DEDUP_REDIS_SENTINEL_MASTER=$SENTINEL_SERVICE
 export DEDUP_PROMETHEUS_URL=http://127.0.0.1:$PROMETHEUS_PORT DEDUP_PROMETHEUS_DIR=$STATE/prometheus
+export ROCKETMQ_NAMESRV=127.0.0.1:$ROCKETMQ_NAMESRV_PORT ROCKETMQ_PROXY=127.0.0.1:$ROCKETMQ_GRPC_PORT
 ENV
 }
 
@@ -154,9 +160,19 @@ CONF
   log "prometheus up on 127.0.0.1:$PROMETHEUS_PORT (pid $(cat "$STATE/prometheus.pid"))"
 }
 
-status() {
-  local rc=0
-  for name in redis mariadb "${CLUSTER_PORTS[@]/#/redis-cluster-}" sentinel-master sentinel prometheus; do
+status() {  # status [SERVICE...]: the pid files of those services (default all)
+  local rc=0 names=() svc wanted
+  wanted=("${@:-redis cluster mysql sentinel prometheus}"); wanted=(${wanted[*]})
+  for svc in "${wanted[@]}"; do
+    case "$svc" in
+      redis) names+=(redis) ;; mysql) names+=(mariadb) ;;
+      cluster) names+=("${CLUSTER_PORTS[@]/#/redis-cluster-}") ;;
+      sentinel) names+=(sentinel-master sentinel) ;;
+      prometheus) names+=(prometheus) ;;
+      *) die "unknown service $svc (redis, cluster, mysql, sentinel, prometheus)" ;;
+    esac
+  done
+  for name in "${names[@]}"; do
     if pid_alive "$STATE/$name.pid"; then echo "$name: running (pid $(cat "$STATE/$name.pid"))"
     else echo "$name: stopped"; rc=1; fi
   done
@@ -206,7 +222,7 @@ case "${1:-}" in
     sentinel_master_start
     log "sentinel master restarted (pid $(cat "$STATE/sentinel-master.pid"))"
     ;;
-  status) status ;;
+  status) shift; status "$@" ;;
   env) print_env ;;
   *) echo "usage: $0 up|down|status|restart-mysql|restart-sentinel-master|env" >&2; exit 2 ;;
 esac

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # The fault soak (bench/soak): through the real broker, with consumers SIGKILLed, Redis and
-# MariaDB killed with -9, the broker restarted; reports lost and doubly applied keys.
-#   scripts/soak.sh [--quick] [--json PATH] [--modes plain-redis,plain-mysql,exactly-once] [--seed N]
-# It kills and restarts the project's MariaDB and broker: do not run it beside the test suite.
-# Servers that are not running are started and, at exit, stopped again; the soak's own Redis
-# (AOF, port 16390) is started and stopped by the run itself.
+# MariaDB killed with -9, the broker restarted; reports lost, delayed and doubly applied keys of
+# each mode beside a control without dedup (SOAK.md).
+#   scripts/soak.sh [--quick] [--json PATH] [--chart PATH] [--seed N]
+#                   [--modes plain-redis,plain-mysql,exactly-once,no-dedup[,MODE:VARIANT]]
+#                   [--options K=V,...] [--variant NAME=K=V,...] [--consumers KINDS]
+#   scripts/soak.sh --help            all options (python -m bench.soak --help); starts nothing
+# It kills and restarts the project's MariaDB and broker: do not run it beside the test suite,
+# or give it a private stack: ROCKETMQ_DEDUP_STATE_ROOT, DEDUP_MYSQL_PORT, SOAK_REDIS_PORT,
+# ROCKETMQ_DEDUP_STORE and the ROCKETMQ_DEDUP_*_PORT variables of scripts/rocketmq.sh.
+# MariaDB and the broker, if not running, are started and, at exit, stopped again; the soak's
+# own Redis (AOF, port SOAK_REDIS_PORT, default 16390) is started and stopped by the run itself.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 cd "$REPO_ROOT"
+
+if info_only "" "$@"; then exec "$(info_python)" -m bench.soak "$@"; fi
 
 "$REPO_ROOT/scripts/bootstrap.sh"
 install_bench_requirements   # matplotlib for --chart
@@ -20,9 +28,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if ! scripts/services.sh status >/dev/null 2>&1; then
-  scripts/services.sh up
-  cleanups+=("scripts/services.sh down")
+if ! scripts/services.sh status mysql >/dev/null 2>&1; then   # the soak needs MariaDB only
+  scripts/services.sh up mysql
+  cleanups+=("scripts/services.sh down mysql")
 fi
 if ! scripts/rocketmq.sh status >/dev/null 2>&1; then
   scripts/rocketmq.sh up

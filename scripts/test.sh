@@ -46,7 +46,8 @@ run_suite integration .venv tests/integration "$@"
 # -v: a line per test as it completes (the e2e suites take minutes)
 run_suite e2e-classic .venv-classic tests/e2e -m e2e -v "$@"
 run_suite e2e-grpc .venv-grpc tests/e2e -m e2e -v "$@"
-# last: it kills and restarts MariaDB and the broker (bench/soak, SOAK.md; ~5 minutes)
+# last: it kills and restarts MariaDB and the broker (bench/soak, SOAK.md; its four modes at
+# once, about 3 minutes on the shared development machine)
 log "fault soak, quick: lost and doubly applied keys under SIGKILLs, server kills, a broker restart"
 with_client_home soak .venv-classic/bin/python -m bench.soak --quick \
   --json "$RESULTS/soak-quick.json" || failed=1

@@ -21,6 +21,16 @@ MYSQL = {
 }
 
 
+def _rocketmq_address(variable: str, port_variable: str, port: str) -> str:
+    """``variable`` (``services.sh env`` sets it), else 127.0.0.1 and the port that
+    ``scripts/rocketmq.sh`` used (its ``ROCKETMQ_DEDUP_*_PORT`` variable, or the default)."""
+    return os.environ.get(variable) or f"127.0.0.1:{os.environ.get(port_variable) or port}"
+
+
+ROCKETMQ_NAMESRV = _rocketmq_address("ROCKETMQ_NAMESRV", "ROCKETMQ_DEDUP_NAMESRV_PORT", "9876")
+ROCKETMQ_PROXY = _rocketmq_address("ROCKETMQ_PROXY", "ROCKETMQ_DEDUP_GRPC_PORT", "8081")
+
+
 def mysql_connect(driver: str = "mysqlclient", **overrides: Any) -> Callable[[], Any]:
     """A zero-argument connection factory, as users pass it to DedupConfig: ``driver`` is
     ``mysqlclient``, ``pymysql`` or ``mysql-connector`` (mysql-connector-python)."""

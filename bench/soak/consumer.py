@@ -6,8 +6,16 @@ row exists only if its message committed). What it decided about every message i
 its evidence file, written with ``os.write`` as it happens, so a SIGKILL loses nothing already
 decided: ``<time> <pid> <key> <event> <detail>``. Events: ``effect`` (an effect row committed),
 ``effect_error`` (writing it raised: the row may still exist), ``decision`` (the listener's
-outcome, from its metrics, with whether the message's CONSUMED mark succeeded). Prints STARTED
-once consuming; stops on SIGTERM.
+outcome, from its metrics, with whether the message's CONSUMED mark succeeded), ``answer``
+(what the client got: ``ack`` or ``later``, RECONSUME_LATER). Prints STARTED once consuming;
+stops on SIGTERM.
+
+Modes: ``plain-redis``, ``plain-mysql`` (:class:`DedupConcurrentListener`), ``exactly-once``
+(:class:`TransactionalDedupListener`), and the control ``no-dedup``: the same handler behind a
+plain listener (no dedup record, no library code but the 5.x client's status adapter), which
+answers ``consumed`` or ``failed``. ``options`` (settings) go to the mode's ``DedupConfig``.
+The slot's ``kind``: ``classic`` (push), ``orderly`` (the classic orderly consumer) or ``grpc``
+(the 5.x ``PushConsumer``).
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ import redis
 
 from bench.soak.plan import fails_first, handler_ms
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, TransactionalDedupListener
-from rocketmq_dedup.message import message_keys, reconsume_times
+from rocketmq_dedup.message import message_id, message_keys, reconsume_times
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
+from rocketmq_dedup.status import ConsumeStatus
 from tests.e2e.clients import start_push_consumer
 from tests.support import mysql_connect
 
@@ -64,7 +73,7 @@ def first_key(msg: Any) -> str:
 
 
 class Handler:
-    """The business code both listener kinds run: 1-20 ms of work, 5 % of the keys fail on
+    """The business code every listener runs: 1-20 ms of work, 5 % of the keys fail on
     their message's first attempt."""
 
     def __init__(self, settings: Dict[str, Any], evidence: Evidence) -> None:
@@ -72,13 +81,19 @@ class Handler:
         self.evidence = evidence
         self._connect = mysql_connect()
         self._local = threading.local()
+        self._failed: set[str] = set()  # message ids failed once here (orderly retries
+        self._failed_lock = threading.Lock()  # keep reconsume_times 0)
 
     def work(self, msg: Any) -> Optional[str]:
         """Sleep the key's handler time; the key, or None if this attempt fails."""
         key = first_key(msg)
         time.sleep(handler_ms(key) / 1000)
         if reconsume_times(msg) == 0 and fails_first(key):
-            return None
+            with self._failed_lock:
+                first = (msg_id := message_id(msg) or key) not in self._failed
+                self._failed.add(msg_id)
+            if first:
+                return None
         return key
 
     def effect(self, key: str) -> bool:
@@ -126,33 +141,74 @@ class ExactlyOnceListener(TransactionalDedupListener):
         return True  # the row commits with the CONSUMED record, or not at all
 
 
+class ControlListener:
+    """The control (``no-dedup``): the handler behind a plain listener, no dedup at all."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    def __call__(self, msg: Any) -> ConsumeStatus:
+        key = first_key(msg)
+        try:
+            done = (applied := self.handler.work(msg)) is not None and self.handler.effect(applied)
+        except Exception:
+            done = False  # the effect's error is in the evidence already
+        self.handler.evidence.write(key, "decision", "consumed" if done else "failed")
+        return ConsumeStatus.CONSUME_SUCCESS if done else ConsumeStatus.RECONSUME_LATER
+
+
+class Answering:
+    """Writes what ``listener`` answered the client (``answer ack|later``) and returns it."""
+
+    def __init__(self, listener: Any, evidence: Evidence) -> None:
+        self.listener, self.evidence = listener, evidence
+
+    def __call__(self, msg: Any) -> Any:
+        status = self.listener(msg)  # never raises (the library's listeners, ControlListener)
+        acked = status == ConsumeStatus.CONSUME_SUCCESS
+        self.evidence.write(first_key(msg), "answer", "ack" if acked else "later")
+        return status
+
+
+def make_listener(settings: Dict[str, Any], handler: Handler, evidence: Evidence) -> Any:
+    """The mode's listener, with the run's extra ``DedupConfig`` options."""
+    if settings["mode"] == "no-dedup":
+        return ControlListener(handler)
+    common: Dict[str, Any] = {
+        "dedup_processing_expire_milli_seconds": settings["lease_ms"],
+        "metrics": evidence,
+        "check_store": False,  # a consumer restarted during an outage still starts
+        **settings.get("options", {}),
+    }
+    if settings["mode"] == "exactly-once":
+        config = DedupConfig.enable_dedup_consume_config(
+            settings["app"], mysql_connect(), pool_size=settings["threads"] + 2, **common
+        )
+        return ExactlyOnceListener(config, handler)
+    if settings["mode"] == "plain-mysql":
+        config = DedupConfig.enable_dedup_consume_config(
+            settings["app"], mysql_connect(), pool_size=settings["threads"] + 2, **common
+        )
+        return PlainListener(config, handler)
+    client = redis.Redis.from_url(settings["redis_url"], socket_timeout=5)
+    config = DedupConfig.enable_dedup_consume_config(settings["app"], client, **common)
+    return PlainListener(config, handler)
+
+
 def main() -> None:
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(message)s")
     evidence = Evidence(settings["evidence"])
     handler = Handler(settings, evidence)
-    common: Dict[str, Any] = {
-        "dedup_processing_expire_milli_seconds": settings["lease_ms"],
-        "metrics": evidence,
-        "check_store": False,  # a consumer restarted during an outage still starts
-    }
-    listener: Any
-    if settings["mode"] == "exactly-once":
-        config = DedupConfig.enable_dedup_consume_config(
-            settings["app"], mysql_connect(), pool_size=settings["threads"] + 2, **common
-        )
-        listener = ExactlyOnceListener(config, handler)
-    elif settings["mode"] == "plain-mysql":
-        config = DedupConfig.enable_dedup_consume_config(
-            settings["app"], mysql_connect(), pool_size=settings["threads"] + 2, **common
-        )
-        listener = PlainListener(config, handler)
-    else:
-        client = redis.Redis.from_url(settings["redis_url"], socket_timeout=5)
-        config = DedupConfig.enable_dedup_consume_config(settings["app"], client, **common)
-        listener = PlainListener(config, handler)
+    listener = Answering(make_listener(settings, handler, evidence), evidence)
+    kind = settings["kind"]
     stop = start_push_consumer(
-        settings["client"], settings["group"], settings["topic"], listener, settings["threads"]
+        "grpc" if kind == "grpc" else "classic",
+        settings["group"],
+        settings["topic"],
+        listener,
+        settings["threads"],
+        orderly=kind == "orderly",
     )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

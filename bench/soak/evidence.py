@@ -16,7 +16,12 @@ as unexplained (a defect to fix, not a number to report):
 * ``ambiguous_effect_commit``: writing the effect raised (MariaDB killed during the commit)
   although the row was committed; the handler failed, so the broker's retry ran it again.
 
-Each key never applied is classified too, by what the dedup layer answered for it:
+In the control (``no-dedup``) every duplicate copy runs its handler: its double applies are
+``no_dedup``, the point of having dedup, not a defect.
+
+Each key not applied when the run ended (a *missing* key: lost if the run waited until its
+deadline, else still outstanding, see :mod:`bench.soak.accounting`) is classified too, by what
+the dedup layer answered for it:
 
 * ``acked_without_effect``: some delivery of it was acked (``consumed`` or
   ``duplicate_consumed``) and no effect row exists: the one loss the dedup layer can cause, a
@@ -29,16 +34,18 @@ Each key never applied is classified too, by what the dedup layer answered for i
   ended, or the client dropped it (rocketmq-client-cpp drops a message whose ``sendMessageBack``
   fails; the report counts those failures from the consumers' client logs).
 * ``never_delivered``: the broker acked the send and no consumer ever decided it.
+* ``dead_lettered``: it is in the group's ``%DLQ%`` topic (every retry answered
+  RECONSUME_LATER): not lost, held by the broker for a human.
 
-The last three happened in the transport (the broker and its clients): the dedup layer never
-acked these messages. They are reported, not failed on.
+The causes but the first happened in the transport (the broker and its clients): the dedup
+layer never acked these messages. They are reported, not failed on.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
 #: Redis ``appendfsync everysec``: a write is on disk within about a second; with margin.
 AOF_WINDOW_S = 2.5
@@ -50,6 +57,15 @@ NACK_WINDOW_S = 10.0
 LOST_BY_BROKER = "not_redelivered_after_broker_restart"
 #: The only loss the dedup layer can cause (see the module doc).
 LOST_BY_DEDUP = "acked_without_effect"
+DEAD_LETTERED = "dead_lettered"
+#: Every cause of a missing key, in the report's order.
+MISSING_CAUSES = (
+    LOST_BY_DEDUP,
+    LOST_BY_BROKER,
+    "not_redelivered",
+    "never_delivered",
+    DEAD_LETTERED,
+)
 #: Outcomes whose answer is an ack whatever the handler did (the handler did not run, or it
 #: succeeded; a ``consumed`` decision may end in ``:mark_ok``/``:mark_failed``).
 ACKED = ("consumed", "duplicate_consumed")
@@ -60,6 +76,7 @@ CAUSES = (
     "ran_without_dedup",
     "mark_failed",
     "ambiguous_effect_commit",
+    "no_dedup",
 )
 
 
@@ -68,7 +85,7 @@ class Event:
     at: float
     pid: int
     key: str
-    kind: str  # effect, effect_error, decision
+    kind: str  # effect, effect_error, decision, answer
     detail: str
 
 
@@ -90,10 +107,10 @@ class Kill:
 class Verdict:
     keys: int
     applied_keys: int
-    lost: List[str]
+    lost: List[str]  # the keys missing (not applied) when the run ended
     doubles: Dict[str, Optional[str]]  # key -> cause (None: unexplained)
     causes: Dict[str, int] = field(default_factory=dict)
-    lost_causes: Dict[str, str] = field(default_factory=dict)  # key -> why it was never applied
+    lost_causes: Dict[str, str] = field(default_factory=dict)  # key -> why it was not applied
 
     @property
     def unexplained(self) -> List[str]:
@@ -120,9 +137,12 @@ def judge(
     events: Sequence[Event],
     kills: Sequence[Kill],
     store_kill: str,
+    dead_lettered: Collection[str] = (),
+    dedup: bool = True,
 ) -> Verdict:
     """The verdict on one mode: ``store_kill`` is the fault kind that restarts its store
-    (``redis_kill`` or ``mysql_kill``)."""
+    (``redis_kill`` or ``mysql_kill``); ``dead_lettered`` the keys found in the DLQ; ``dedup``
+    False for the control (its double applies are ``no_dedup``)."""
     by_key: Dict[str, List[Effect]] = defaultdict(list)
     for effect in effects:
         by_key[effect.key].append(effect)
@@ -135,7 +155,11 @@ def judge(
     for key, applied in by_key.items():
         if len(applied) > 1:
             applied.sort(key=lambda e: e.at)
-            doubles[key] = explain(applied, events_by_key.get(key, []), killed, store_kills)
+            doubles[key] = (
+                explain(applied, events_by_key.get(key, []), killed, store_kills)
+                if dedup
+                else "no_dedup"
+            )
     causes = {cause: 0 for cause in CAUSES}
     for cause in doubles.values():
         if cause is not None:
@@ -143,12 +167,17 @@ def judge(
     lost = sorted(set(keys) - set(by_key))
     applied_keys = len(set(keys) & set(by_key))
     restarts = [k.at for k in kills if k.kind == "broker_restart"]
-    lost_causes = {key: why_lost(events_by_key.get(key, []), restarts) for key in lost}
+    dead = set(dead_lettered)
+    lost_causes = {
+        key: DEAD_LETTERED if key in dead else why_lost(events_by_key.get(key, []), restarts)
+        for key in lost
+    }
     return Verdict(len(keys), applied_keys, lost, doubles, causes, lost_causes)
 
 
 def why_lost(events: Sequence[Event], restarts: Sequence[float]) -> str:
-    """Why a key was never applied (see the module doc)."""
+    """Why a key was not applied (see the module doc; ``dead_lettered`` is found by
+    :func:`judge`)."""
     decisions = [e for e in events if e.kind == "decision"]
     if not decisions:
         return "never_delivered"

@@ -1,12 +1,14 @@
-"""The seeded plan of a soak mode: which keys are sent, which twice and when, how long each
-handler takes, which fail their first attempt, and when each fault strikes. Pure: the same
-seed gives the same plan."""
+"""The seeded plan of a soak mode: which keys are sent, which twice and when, to which consumer
+kind, how long each handler takes, which fail their first attempt, and when each fault
+strikes. Pure: the same seed gives the same plan, and a key's index the same fate in every
+mode."""
 
 from __future__ import annotations
 
 import hashlib
 import random
 from dataclasses import dataclass
+from typing import Sequence
 
 DUPLICATED_SHARE = 0.30  # of the keys, sent more than once
 CONCURRENT_SHARE = 1 / 3  # of those duplicates, sent within 10 ms of the first copy
@@ -30,19 +32,39 @@ class Fault:
     at_s: float
 
 
+#: The consumer kinds a soak slot can run, and how the report names them.
+KINDS = {"classic": "classic push", "grpc": "5.x push", "orderly": "classic orderly"}
+#: Every mode's consumer processes, one slot each, the control's too (the same mix and the same
+#: keys per kind everywhere: see SOAK.md). Each kind consumes its own topic and group.
+DEFAULT_CONSUMERS = ("classic", "classic", "classic", "grpc")
+
+
 def key_name(run_id: str, index: int) -> str:
     return f"{run_id}-{index:06d}"
 
 
+def key_index(key: str) -> str:
+    """The part of a key that is the same in every mode (``key_name``'s index): keys of
+    different modes with one index share their plan, their handler time and their failure."""
+    return key.rpartition("-")[2]
+
+
+def kind_of(key: str, kinds: Sequence[str]) -> str:
+    """The consumer kind whose channel (topic and group) ``key`` is sent to: slot ``index %
+    len(kinds)``'s, the same in every mode, so each kind gets its share of the keys."""
+    return kinds[int(key_index(key)) % len(kinds)]
+
+
 def handler_ms(key: str) -> int:
-    """How long the handler of ``key`` takes (1-20 ms), the same in every process."""
+    """How long the handler of ``key`` takes (1-20 ms), the same in every process and mode."""
     low, high = HANDLER_MS
-    return low + _unit(key, "ms") % (high - low + 1)
+    return low + _unit(key_index(key), "ms") % (high - low + 1)
 
 
 def fails_first(key: str) -> bool:
-    """Whether the handler of ``key`` fails on the message's first attempt (5 %)."""
-    return _unit(key, "fail") % 10_000 < FAIL_FIRST_SHARE * 10_000
+    """Whether the handler of ``key`` fails on the message's first attempt (5 %), the same
+    keys in every mode."""
+    return _unit(key_index(key), "fail") % 10_000 < FAIL_FIRST_SHARE * 10_000
 
 
 def _unit(key: str, salt: str) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Callable, Dict, Optional
 
-NAMESRV = "127.0.0.1:9876"
-PROXY = "127.0.0.1:8081"
+from tests.support import ROCKETMQ_NAMESRV as NAMESRV
+from tests.support import ROCKETMQ_PROXY as PROXY
 
 
 def installed_client() -> str:

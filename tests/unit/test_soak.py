@@ -1,5 +1,7 @@
-"""The soak's pure parts: the seeded plan (bench.soak.plan) and the verdict on its evidence
-(bench.soak.evidence), on synthetic records."""
+"""The soak's pure parts: the seeded plan (bench.soak.plan), the verdict on its evidence
+(bench.soak.evidence), the accounting (bench.soak.accounting: lost against outstanding and
+delayed, consumer kinds, nacks, the control), the drain's end and the options passed to
+DedupConfig (bench.soak.run), on synthetic records."""
 
 from __future__ import annotations
 
@@ -8,9 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak.evidence import Effect, Event, Kill, judge, parse_events, summary
-from bench.soak.plan import FAIL_FIRST_SHARE, fails_first, faults, handler_ms, sends
-from bench.soak.run import QUIET_S, SIZES
+from bench.soak import accounting
+from bench.soak.evidence import LOST_BY_BROKER, Effect, Event, Kill, judge, parse_events, summary
+from bench.soak.plan import (
+    FAIL_FIRST_SHARE,
+    fails_first,
+    faults,
+    handler_ms,
+    key_name,
+    kind_of,
+    sends,
+)
+from bench.soak.report import table
+from bench.soak.run import QUIET_S, SIZES, check_options, mode_options, parse_options
 
 
 def test_the_plan_is_seeded_and_duplicates_30_percent_of_the_keys() -> None:
@@ -177,15 +189,219 @@ def test_sendback_failures_are_counted_from_the_client_logs(
     assert run.sendback_failures([7, 8, 9]) == 4
 
 
-def test_the_quick_drain_also_ends_when_nothing_moves_and_the_full_one_waits() -> None:
-    """Every key applied: both end QUIET_S after the last decision; keys missing: only the
-    quick size ends, once nothing was decided for its idle time since the drain began, and
-    the full one waits for its deadline."""
+def test_the_quick_drain_stops_early_and_the_full_one_waits_for_its_deadline() -> None:
+    """Every key applied: both end QUIET_S after the last decision (final). Keys missing: the
+    quick drain stops after its time or once nothing was decided for its idle time since it
+    began (not final: outstanding); the full one waits until its deadline after the last
+    fault (final: lost)."""
     quick, full = SIZES["quick"], SIZES["full"]
     for size in (quick, full):
-        assert size.drained(True, QUIET_S, 0.0) and not size.drained(True, QUIET_S - 1, 99.0)
-    idle = quick.idle_s
-    assert idle is not None and idle < quick.drain_s
-    assert quick.drained(False, idle, idle) and not quick.drained(False, idle - 1, 99.0)
-    assert not quick.drained(False, 99.0, idle - 1)  # the silence before the drain
-    assert not full.drained(False, full.drain_s, full.drain_s)
+        assert size.drain_end(True, QUIET_S, 0.0, 0.0) == "all_applied"
+        assert size.drain_end(True, QUIET_S - 1, 1.0, 1.0) is None
+    idle, stop = quick.idle_s, quick.drain_s
+    assert idle is not None and stop is not None and idle < stop
+    assert quick.drain_end(False, idle, idle, 0.0) == "idle"
+    assert quick.drain_end(False, idle - 1, stop - 1, 0.0) is None
+    assert quick.drain_end(False, 99.0, idle - 1, 999.0) is None  # the silence before it
+    assert quick.drain_end(False, 0.0, stop, 0.0) == "stopped"
+    deadline = full.loss_deadline_s
+    assert deadline == 300.0  # the issue: 5 minutes after the last fault
+    assert full.drain_end(False, 999.0, 999.0, deadline - 1) is None
+    assert full.drain_end(False, 0.0, 0.0, deadline) == "deadline"
+    assert set(accounting.FINAL_ENDS) == {"all_applied", "deadline"}
+
+
+def test_every_mode_shares_the_plan_of_a_key_index() -> None:
+    """Key i of every mode (another run id) has the same copies, handler time and failure:
+    the control's missing keys can be matched with a mode's by index."""
+    assert sends("aaaa", 500, 10.0, seed=3) != sends("bbbb", 500, 10.0, seed=3)
+    shape = [(s.at_s, s.key[-6:], s.copy) for s in sends("aaaa", 500, 10.0, seed=3)]
+    assert shape == [(s.at_s, s.key[-6:], s.copy) for s in sends("bbbb", 500, 10.0, seed=3)]
+    for i in range(2_000):
+        a, b = key_name("aaaa", i), key_name("bbbb", i)
+        assert fails_first(a) == fails_first(b) and handler_ms(a) == handler_ms(b)
+    assert any(fails_first(key_name("aaaa", i)) for i in range(200))
+
+
+def test_a_missing_key_is_lost_only_after_the_deadline() -> None:
+    """A drain that reached its deadline (or applied every key) calls its missing keys lost;
+    one stopped earlier calls them outstanding, except the keys the dedup layer acked
+    without an effect (lost whatever the drain); dead-lettered keys are neither."""
+    missing = {
+        "a": "not_redelivered_after_broker_restart",
+        "b": "never_delivered",
+        "c": "acked_without_effect",
+        "d": "dead_lettered",
+    }
+    final = accounting.settle(missing, "deadline")
+    assert final == {
+        "final": True, "lost": 3, "outstanding": 0, "acked_not_applied": 1, "dead_lettered": 1,
+    }  # fmt: skip
+    for end in ("idle", "stopped"):
+        early = accounting.settle(missing, end)
+        assert early["final"] is False and early["lost"] == 1 and early["outstanding"] == 2
+    assert accounting.settle({}, "all_applied")["lost"] == 0
+    with pytest.raises(ValueError):
+        accounting.settle(missing, "bored")
+
+
+def test_dead_lettered_keys_and_the_controls_doubles_are_classified() -> None:
+    """A missing key found in the DLQ is dead_lettered whatever its answers; the control's
+    double applies are no_dedup (a dedup mode's same evidence is unexplained)."""
+    events = [Event(10.0, 1, "k", "decision", "failed")]
+    verdict = judge(["k", "j"], [], events, [], "none", dead_lettered={"k"})
+    assert verdict.lost_causes == {"k": "dead_lettered", "j": "never_delivered"}
+    twice = effects(("a", 1, 1.0), ("a", 2, 2.0))
+    decided = [
+        Event(1.1, 1, "a", "decision", "consumed"),
+        Event(2.1, 2, "a", "decision", "consumed"),
+    ]
+    control = judge(["a"], twice, decided, [], "none", dedup=False)
+    assert control.doubles == {"a": "no_dedup"} and summary(control) == (1, 1)
+    assert judge(["a"], twice, decided, [], "none").unexplained == ["a"]
+
+
+def test_delays_and_delayed_keys() -> None:
+    """A key's delay runs from its first successful send to its first application; keys over
+    the late threshold are the delayed ones, with their median and max; keys never applied
+    have no delay."""
+    applied = accounting.first_applied(
+        effects(("a", 1, 101.0), ("a", 2, 50.0), ("b", 1, 12.0), ("c", 1, 230.0), ("d", 1, 400.0))
+    )
+    assert applied["a"] == 50.0
+    sent = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0, "e": 10.0}
+    delays = accounting.delays(sent, applied)
+    assert delays == {"a": 40.0, "b": 2.0, "c": 220.0, "d": 390.0}
+    summary_ = accounting.delay_summary(delays, late_s=60.0)
+    assert summary_["delayed"] == 2
+    assert summary_["delayed_median_s"] == 305.0 and summary_["delayed_max_s"] == 390.0
+    assert summary_["median_s"] == 130.0 and summary_["max_s"] == 390.0
+    assert accounting.delay_summary({}, 60.0)["delayed"] == 0
+    assert accounting.delays({"a": 20.0}, {"a": 19.5}) == {"a": 0.0}  # clocks of two processes
+
+
+def test_missing_keys_and_nacks_by_consumer_kind() -> None:
+    """A key goes to one consumer kind's channel by its index, the same in every mode and in
+    the proportion of the mix's slots; missing keys are counted per kind and cause; the
+    answers count nacks (later) per kind of the answering process."""
+    mix = ("classic", "classic", "classic", "grpc")
+    kinds_ = [kind_of(key_name("r", i), mix) for i in range(4_000)]
+    assert Counter(kinds_) == {"classic": 3_000, "grpc": 1_000}
+    assert kinds_ == [kind_of(key_name("other", i), mix) for i in range(4_000)]
+    key_kinds = {"x": "classic", "y": "grpc", "v": "grpc"}
+    missing = {"x": "not_redelivered", "y": LOST_BY_BROKER, "v": "never_delivered"}
+    assert accounting.missing_by_kind(missing, key_kinds) == {
+        "classic": {"not_redelivered": 1},
+        "grpc": {LOST_BY_BROKER: 1, "never_delivered": 1},
+    }
+    pids = {1: "classic", 2: "grpc", 3: "orderly"}
+    events = [
+        Event(1.0, 2, "y", "decision", "failed"),
+        Event(1.0, 2, "y", "answer", "later"),
+        Event(5.0, 1, "x", "answer", "later"),
+        Event(2.0, 2, "y", "answer", "later"),
+        Event(3.0, 3, "z", "answer", "ack"),
+        Event(3.5, 9, "w", "answer", "ack"),  # a pid the run does not know
+    ]
+    assert accounting.answers_by_kind(events, pids) == {
+        "classic": {"ack": 0, "later": 1},
+        "grpc": {"ack": 0, "later": 2},
+        "none": {"ack": 1, "later": 0},
+        "orderly": {"ack": 1, "later": 0},
+    }
+
+
+def test_throughput_over_the_busy_span_and_cpu_per_message() -> None:
+    """msgs/s counts the decisions from the first send until 99 % of the keys were applied
+    (a straggler applied minutes later does not dilute it); CPU ms per decision per kind."""
+    applied = {f"k{i}": 100.0 + i / 10 for i in range(100)}  # 99 % applied at 109.8
+    applied["k99"] = 400.0
+    end = accounting.busy_end(applied, 100, start=100.0)
+    assert end == pytest.approx(109.8)
+    decisions = [Event(100.0 + i / 20, 1, f"k{i}", "decision", "consumed") for i in range(200)]
+    decisions.append(Event(400.0, 2, "k99", "decision", "consumed"))
+    rate = accounting.throughput(decisions, 100.0, end)
+    assert rate == {"busy_s": 9.8, "msgs_per_s": round(197 / 9.8, 1)}
+    assert accounting.busy_end({"a": 1.0}, 100, start=0.0) is None
+    cpu = accounting.cpu_per_message({10: 0.2, 11: 0.1, 20: 0.5}, decisions,
+                                     {10: "classic", 11: "classic", 1: "classic", 2: "grpc",
+                                      20: "grpc"})  # fmt: skip
+    assert cpu == {"classic": 1.5, "grpc": 500.0, "all": round(800 / 201, 3)}
+
+
+def result(missing_by_kind: dict, lost: int, keys_by_kind: dict, later: int, keys: list) -> dict:
+    return {
+        "missing_by_kind": missing_by_kind, "lost": lost, "outstanding": 0,
+        "keys_by_kind": keys_by_kind, "missing_keys": keys,
+        "answers_by_kind": {"classic": {"ack": 100, "later": later}},
+    }  # fmt: skip
+
+
+def test_each_mode_beside_the_control() -> None:
+    """Per kind and cause, mode / control; missing per 1,000 keys of a kind; nacks; how many
+    key indices both miss. Without a control: nothing."""
+    results = {
+        "plain-redis": result(
+            {"grpc": {LOST_BY_BROKER: 3}, "classic": {"not_redelivered": 1}},
+            4, {"grpc": 1000, "classic": 3000}, 50, ["r1-000001", "r1-000002", "r1-000009"],
+        ),
+        "no-dedup": result(
+            {"grpc": {LOST_BY_BROKER: 2}}, 2,
+            {"grpc": 500, "classic": 3500}, 40, ["c1-000002", "c1-000003"],
+        ),
+    }  # fmt: skip
+    out = accounting.compare(results, "no-dedup")
+    assert list(out) == ["plain-redis"]
+    redis = out["plain-redis"]
+    assert redis["lost"] == [4, 2] and redis["nacks"] == [50, 40]
+    assert redis["missing_by_kind"] == {"classic": [1, 0], "grpc": [3, 2]}
+    assert redis["missing_by_cause"] == {
+        "not_redelivered": [1, 0], LOST_BY_BROKER: [3, 2],
+    }  # fmt: skip
+    assert redis["missing_per_1000_keys"] == {"classic": [0.33, 0.0], "grpc": [3.0, 4.0]}
+    assert redis["same_key_indices"] == 1
+    assert accounting.compare({"plain-redis": results["plain-redis"]}, "no-dedup") == {}
+    report = {"modes": {}, "control": out}
+    text = table(report)
+    assert "| plain-redis | 4 / 2 | 0 / 0 | 1 / 0 | 3 / 2 |" in text
+
+
+def test_options_reach_dedup_config_checked_before_anything_starts() -> None:
+    """--options K=V,... (JSON values, else strings) for every dedup mode, --variant options
+    for MODE:VARIANT on top; none for the control; DedupConfig refuses unknown names and bad
+    values, and the soak's own settings are refused, before any server is touched."""
+    assert parse_options("a=200, b=0.5,c=true,d=reconsume_later,e=null") == {
+        "a": 200, "b": 0.5, "c": True, "d": "reconsume_later", "e": None,
+    }  # fmt: skip
+    assert parse_options("") == {}
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        parse_options("in_progress_wait_ms")
+    common = {"store_failure_policy": "reconsume_later"}
+    variants = {"long": {"dedup_processing_expire_milli_seconds": 20_000}}
+    assert mode_options(["plain-redis", "plain-redis:long", "no-dedup"], common, variants) == {
+        "plain-redis": common,
+        "plain-redis:long": {**common, "dedup_processing_expire_milli_seconds": 20_000},
+        "no-dedup": {},
+    }
+    for bad in (["plain-redis:nope"], ["no-dedup:long"], ["redis"], ["plain-mysql", "plain-mysql"]):
+        with pytest.raises(ValueError):
+            mode_options(bad, common, variants)
+    check_options({"store_failure_policy": "reconsume_later", "pool_size": 4})
+    for refused in (
+        {"in_progress_wait_ms_typo": 1},
+        {"store_failure_policy": "sometimes"},
+        {"metrics": None},
+    ):
+        with pytest.raises(ValueError):
+            check_options(refused)
+
+
+def test_every_size_ends_its_drain_and_only_the_full_one_calls_keys_lost() -> None:
+    """A size with neither a drain time nor an idle end nor a deadline would drain forever:
+    every size of the soak has one of them; only the full one has a loss deadline, and only
+    the quick one runs its modes at once."""
+    for name, size in SIZES.items():
+        ends = (size.drain_s, size.idle_s, size.loss_deadline_s)
+        assert any(e is not None for e in ends), name
+    assert SIZES["quick"].loss_deadline_s is None and SIZES["quick"].together
+    assert not SIZES["full"].together
