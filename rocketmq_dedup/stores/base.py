@@ -230,8 +230,14 @@ class DedupStore(abc.ABC):
         except DedupError:
             raise
         except Exception as exc:
-            kind = StoreUnavailableError if self.is_outage(exc) else StoreError
-            raise kind(f"{self.describe()}: {type(exc).__name__}: {exc}") from exc
+            raise self.wrap_error(exc) from exc
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """The error a hook's ``exc`` becomes: :class:`StoreUnavailableError` for an outage
+        (:meth:`is_outage`), else :class:`StoreError`; a store may tell more kinds apart (the
+        Redis store: an exhausted client pool)."""
+        kind = StoreUnavailableError if self.is_outage(exc) else StoreError
+        return kind(f"{self.describe()}: {type(exc).__name__}: {exc}")
 
     def _one_each(self, results: List[T], asked: Sequence[Any], op: str) -> List[T]:
         """``results`` if it has one entry per item ``asked``; else a store defect (never a
