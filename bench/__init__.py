@@ -7,6 +7,7 @@ Usage (from the repository root)::
     python -m bench --cases 'redis_*' --reps 7 --check     # exit 1 if a target fails
     python -m bench.chart RESULT.json OUT.png             # the chart from a saved result
     python -m bench.profile [--cases redis_fresh,redis_dup]  # where the time goes
+    python -m bench.threads                               # memory, native threads coming and going
 
 Every case measures messages per second; its result is the median of the repetitions. Each
 repetition runs every case once, in a shuffled order, and each target ratio is the median of

@@ -12,6 +12,7 @@ from rocketmq_dedup.errors import (
     DedupError,
     MissingExtraError,
     StoreError,
+    StorePoolExhaustedError,
     StoreUnavailableError,
     TransactionMisuseError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "RedisDedupStore",
     "StoreError",
     "StoreFailurePolicy",
+    "StorePoolExhaustedError",
     "StoreUnavailableError",
     "TransactionMisuseError",
     "TransactionalDedupListener",

@@ -27,6 +27,16 @@ class StoreUnavailableError(StoreError):
     config's ``store_failure_policy``."""
 
 
+class StorePoolExhaustedError(StoreError):
+    """No connection of the store's pool came free in time: all of the MySQL store's
+    ``pool_size`` connections stayed busy for ``pool_timeout``, or the bounded pool of a
+    redis-py client (``max_connections``) had none to give. The server is not known to be down,
+    so this is not an outage: the listener logs it and answers RECONSUME_LATER whatever
+    ``store_failure_policy`` says (running handlers without dedup because a consumer's threads
+    outnumber its connections would apply messages twice). Size the pool for the consumer's
+    threads; the original error, if any, is chained as ``__cause__``."""
+
+
 class TransactionMisuseError(DedupError):
     """An exactly-once handler tried to end or reconfigure the transaction it was given
     (``commit()``, ``rollback()``, ``close()``, autocommit), or the connection is in autocommit

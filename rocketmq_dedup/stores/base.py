@@ -135,7 +135,7 @@ class DedupStore(abc.ABC):
         except DedupError:
             raise
         except Exception as exc:
-            raise self._wrapped(exc) from exc
+            raise self.wrap_error(exc) from exc
 
     def claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         """Claim several elements at once: one result per claim, in order."""
@@ -152,7 +152,7 @@ class DedupStore(abc.ABC):
         except DedupError:
             raise
         except Exception as exc:
-            raise self._wrapped(exc) from exc
+            raise self.wrap_error(exc) from exc
 
     def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         """Record several elements as CONSUMED at once."""
@@ -164,7 +164,7 @@ class DedupStore(abc.ABC):
         except DedupError:
             raise
         except Exception as exc:
-            raise self._wrapped(exc) from exc
+            raise self.wrap_error(exc) from exc
 
     def release(self, claim: Claim) -> bool:
         """Delete the CONSUMING claim; False if it is no longer this owner's."""
@@ -245,10 +245,12 @@ class DedupStore(abc.ABC):
         except DedupError:
             raise
         except Exception as exc:
-            raise self._wrapped(exc) from exc
+            raise self.wrap_error(exc) from exc
 
-    def _wrapped(self, exc: Exception) -> StoreError:
-        """A driver error as this library's: an outage or a defect (chain it as the cause)."""
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """The error a hook's ``exc`` becomes: :class:`StoreUnavailableError` for an outage
+        (:meth:`is_outage`), else :class:`StoreError`; a store may tell more kinds apart (the
+        Redis store: an exhausted client pool)."""
         kind = StoreUnavailableError if self.is_outage(exc) else StoreError
         return kind(f"{self.describe()}: {type(exc).__name__}: {exc}")
 

@@ -6,6 +6,7 @@ server (which of those connection ids are still in PROCESSLIST)."""
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -18,10 +19,18 @@ from typing import Any, Callable, List
 
 import pytest
 
-from rocketmq_dedup import DedupElement, DedupStatus
-from rocketmq_dedup.errors import StoreError, StoreUnavailableError
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    DedupElement,
+    DedupStatus,
+    StoreFailurePolicy,
+)
+from rocketmq_dedup.errors import StoreError, StorePoolExhaustedError, StoreUnavailableError
 from rocketmq_dedup.stores.base import CLAIMED, Claim
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from tests.native import NativeBuildError, build_library, run_callbacks
 from tests.support import mysql_connect, wait_for
 
@@ -157,17 +166,19 @@ def test_native_callback_threads_are_bounded_by_concurrency(
     assert 1 <= counting.calls <= threads
 
 
-def test_busy_pool_waits_then_fails_as_an_outage(
+def test_busy_pool_waits_then_fails_as_a_store_error_not_an_outage(
     mysql_table: str, counting: CountingConnect, app_name: str
 ) -> None:
-    """With every connection busy a caller waits for one; past pool_timeout it gets an outage
-    error; a connection given back goes to the waiting caller."""
+    """With every connection busy a caller waits for one; past pool_timeout it gets
+    StorePoolExhaustedError, a StoreError that is not an outage (no server failed); a
+    connection given back goes to the waiting caller."""
     store = MySQLDedupStore(counting, mysql_table, pool_size=1, pool_timeout=0.3)
     try:
         held = store.pool.take()
         begin = time.monotonic()
-        with pytest.raises(StoreUnavailableError, match="busy"):
+        with pytest.raises(StorePoolExhaustedError, match="busy") as caught:
             store.claim(Claim(element(app_name, "a"), "o"), 60_000)
+        assert not isinstance(caught.value, StoreUnavailableError)
         assert time.monotonic() - begin >= 0.25
         results: List[Any] = []
         waiter = threading.Thread(
@@ -182,6 +193,44 @@ def test_busy_pool_waits_then_fails_as_an_outage(
         assert counting.calls == 1
     finally:
         store.close()
+
+
+def test_an_exhausted_pool_never_runs_handlers_without_dedup(
+    mysql_table: str, counting: CountingConnect, app_name: str
+) -> None:
+    """Issue 21: all pool_size connections busy (here held by a stuck operation) is not an
+    outage: with the default store_failure_policy="consume" the messages are answered
+    RECONSUME_LATER and no handler runs (it ran them without dedup, and the redelivery ran
+    them again); once a connection is free each runs once and its duplicates are acked."""
+    store = MySQLDedupStore(counting, mysql_table, pool_size=1, pool_timeout=0.2)
+    runs: collections.Counter[str] = collections.Counter()
+
+    class Counting(DedupConcurrentListener):
+        def do_handle_msg(self, msg: Any) -> bool:
+            runs[msg.id] += 1
+            return True
+
+    listener = Counting(DedupConfig.enable_dedup_consume_config(app_name, store))
+    assert listener.dedup_config is not None
+    assert listener.dedup_config.store_failure_policy is StoreFailurePolicy.CONSUME
+    run = uuid.uuid4().hex[:8]
+    batch = [ClassicMessage(f"{run}-{i}") for i in range(12)]
+    later = ConsumeStatus.RECONSUME_LATER
+    try:
+        held = store.pool.take()
+        try:
+            assert listener(ClassicMessage(f"{run}-single")) is later
+            assert listener.consume_message(batch).status is later
+            assert listener.consume_each(batch) == [later] * 12
+            assert sum(runs.values()) == 0
+        finally:
+            store.pool.give(held)
+        assert listener(ClassicMessage(f"{run}-single")) is ConsumeStatus.CONSUME_SUCCESS
+        assert listener.consume_message(batch).status is ConsumeStatus.CONSUME_SUCCESS
+        assert listener.consume_each(batch) == [ConsumeStatus.CONSUME_SUCCESS] * 12
+        assert set(runs.values()) == {1} and len(runs) == 13
+    finally:
+        listener.close()
 
 
 def test_taking_and_giving_back_a_connection_is_cheap(store: MySQLDedupStore) -> None:

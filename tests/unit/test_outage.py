@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 from typing import Any, List
 
 import pytest
@@ -15,11 +16,14 @@ from rocketmq_dedup import (
     DedupConcurrentListener,
     DedupConfig,
     MemoryDedupStore,
+    RedisDedupStore,
     StoreError,
+    StorePoolExhaustedError,
     StoreUnavailableError,
 )
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.base import Claim, ClaimResult
+from rocketmq_dedup.stores.redis import transport
 from rocketmq_dedup.testing import ClassicMessage
 from tests.support import mysql_connect
 
@@ -190,3 +194,29 @@ def test_a_store_answering_fewer_results_is_a_defect_never_a_run_without_dedup(
     assert any(
         "ShortStore: claim answered 2 result(s) for 3" in r.getMessage() for r in caplog.records
     )
+
+
+def test_exhaustion_is_told_apart_from_connection_failures() -> None:
+    """Issue 21: what counts as an exhausted Redis pool (not an outage): redis-py's
+    MaxConnectionsError, its older "Too many connections", and the BlockingConnectionPool's
+    error raised while waiting for its queue; a refused or lost connection is an outage."""
+
+    def blocking_error() -> redis.ConnectionError:
+        try:
+            try:
+                raise queue.Empty
+            except queue.Empty:
+                raise redis.ConnectionError("No connection available.")  # noqa: B904
+        except redis.ConnectionError as exc:
+            return exc
+
+    exhausted = [redis.ConnectionError("Too many connections"), blocking_error()]
+    if hasattr(redis.exceptions, "MaxConnectionsError"):
+        exhausted.append(redis.exceptions.MaxConnectionsError("Too many connections"))
+    failures = [redis.ConnectionError("Error 111 connecting"), redis.TimeoutError(), OSError()]
+    assert [transport.pool_exhausted(e) for e in exhausted] == [True] * len(exhausted)
+    assert [transport.pool_exhausted(e) for e in failures] == [False] * 3
+    store = RedisDedupStore(redis.Redis(host="127.0.0.1", port=CLOSED_PORT))  # no I/O yet
+    assert [store.is_outage(e) for e in exhausted] == [False] * len(exhausted)
+    assert [store.is_outage(e) for e in failures] == [True] * 3
+    assert all(isinstance(store.wrap_error(e), StorePoolExhaustedError) for e in exhausted)

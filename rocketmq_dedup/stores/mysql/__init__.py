@@ -28,7 +28,9 @@ PyMySQL or mysql-connector-python.
   bookkeeping); other drivers go through DB-API cursors.
 * Errors: the PEP 249 ``OperationalError``/``InterfaceError`` families of any driver are
   outages (:class:`~rocketmq_dedup.errors.StoreUnavailableError`); anything else, e.g. a
-  ``ProgrammingError`` for a missing table, is a :class:`~rocketmq_dedup.errors.StoreError`.
+  ``ProgrammingError`` for a missing table, is a :class:`~rocketmq_dedup.errors.StoreError`;
+  so is a pool whose connections all stayed busy for ``pool_timeout``
+  (:class:`~rocketmq_dedup.errors.StorePoolExhaustedError`: consumed later, not an outage).
 * Exactly-once mode (:mod:`rocketmq_dedup.transactional`): one business transaction per
   message on the same database, opened by the store's :class:`TransactionFactory`
   (:mod:`.transaction`), the dedup record written with its COMMIT; a sequence table

@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rocketmq_dedup.errors import StoreUnavailableError
+from rocketmq_dedup.errors import StorePoolExhaustedError
 from rocketmq_dedup.stores.mysql.sql import PARSE_ERROR, SESSION_SQL
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,8 @@ class ConnectionPool:
     * Idle runners are reused last-in first-out, so a lone caller keeps using one connection
       and the number open is the number of callers that were ever concurrent, up to ``size``.
     * When all ``size`` are busy a caller waits up to ``timeout`` seconds for one, then gets
-      :class:`StoreUnavailableError` (the store is as good as unreachable for it).
+      :class:`StorePoolExhaustedError`: not an outage (no server failed, the consumer's threads
+      outnumber its connections), so the messages are consumed later, never without dedup.
     * Taking and giving back is a lock and a list pop/append (no object per call).
     * ``fork()``: in the child the pool starts empty (an ``os.register_at_fork`` hook). The
       parent's connections are never used, closed or freed there: closing one (mysqlclient
@@ -302,7 +303,7 @@ class ConnectionPool:
             while not self._idle and self._slots >= self.size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise StoreUnavailableError(
+                    raise StorePoolExhaustedError(
                         f"all {self.size} MySQL connections of the pool stayed busy for "
                         f"{self.timeout:g} s (raise pool_size, or look for slow statements)"
                     )

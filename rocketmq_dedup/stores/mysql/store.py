@@ -109,8 +109,9 @@ class MySQLDedupStore(DedupStore):
         mark, a release, a renewal, a purge step) and given back right after; a caller that
         finds all of them busy waits for one.
     :param pool_timeout: how long (seconds) such a caller waits before the operation fails
-        with :class:`StoreUnavailableError` (default 5 s: far beyond any healthy statement,
-        short enough for the failure policy to apply before RocketMQ's consume timeout).
+        with :class:`StorePoolExhaustedError` (default 5 s: far beyond any healthy statement,
+        short enough to answer RECONSUME_LATER before RocketMQ's consume timeout); not an
+        outage, so never a run without dedup.
     """
 
     def __init__(

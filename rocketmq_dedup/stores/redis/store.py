@@ -7,11 +7,32 @@ methods cost one round trip per batch on ``redis.Redis``; on a cluster they run 
 key, since a script may only touch one slot. On ``redis.Redis`` the requests of concurrent
 threads are coalesced into shared round trips (see :mod:`.coalesce`).
 
+Connections of the client's pool (a bounded pool must be at least :data:`MIN_POOL_SIZE`):
+
+* ``redis.Redis`` with coalescing (the default): the store keeps **one** connection checked out
+  for all its claims, marks, releases and renewals, from its first request until ``close()``
+  (after a failed round trip it gives it back and takes another at the next request; a store
+  dropped without ``close()`` gives it back at the next store construction or connection
+  checkout in the process). It never holds a second one for them: a script the server lost
+  is loaded again on that connection. ``check()`` (PING), ``read()`` and ``get_status()``, and
+  the operators' commands (``delete``, ``stats``, ``diagnose``) go through the client and take
+  one more connection each, per calling thread, for one command or pipeline. So a bounded
+  pool needs ``max_connections >= 2`` (one kept by the store, one for everything else, plus
+  what the application uses the same client for at once); a smaller one is refused at
+  construction (:class:`DedupConfigError`).
+* ``coalesce=False``, and ``redis.RedisCluster``: no connection is kept; each store call takes
+  one connection (of the key's node) per calling thread for one round trip (a cluster batch:
+  one command per key, one after the other). A pool of one is enough.
+
 Errors: an outage (:meth:`RedisDedupStore.is_outage`) is any redis-py ``RedisError`` but
 ``DataError`` (connection lost or refused, timeouts, and every error reply of the server, e.g.
 ``OOM``, ``READONLY``, ``BUSY``, ``WRONGTYPE``: the server could not do the write) and any
-``OSError`` from a socket. ``DataError`` (redis-py refused an argument before sending it) and
-anything else raised inside the store (a ``TypeError``...) is a defect: a plain ``StoreError``.
+``OSError`` from a socket. A pool with no free connection (``MaxConnectionsError``, or a
+``BlockingConnectionPool`` that stayed empty for its ``timeout``) is not an outage: no server
+was asked. It becomes :class:`StorePoolExhaustedError` (a ``StoreError``): the messages are
+consumed later, never run without dedup. ``DataError`` (redis-py refused an argument before
+sending it) and anything else raised inside the store (a ``TypeError``...) is a defect: a plain
+``StoreError``.
 """
 
 from __future__ import annotations
@@ -21,7 +42,12 @@ import time
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from rocketmq_dedup.errors import DedupConfigError, MissingExtraError
+from rocketmq_dedup.errors import (
+    DedupConfigError,
+    MissingExtraError,
+    StoreError,
+    StorePoolExhaustedError,
+)
 from rocketmq_dedup.message import DedupElement, to_text
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
@@ -67,6 +93,10 @@ except ImportError:  # pragma: no cover - exercised by the no-extras import test
 
 logger = logging.getLogger(__name__)
 
+#: The smallest bounded pool (``max_connections``) a coalescing store accepts: the connection
+#: it keeps, and one for the client's other commands (its own PING and GET among them).
+MIN_POOL_SIZE = 2
+
 
 def is_redis_client(client: object) -> bool:
     """True if ``client`` is a redis-py ``Redis`` or ``RedisCluster`` (without importing redis
@@ -81,10 +111,12 @@ class RedisDedupStore(DedupStore):
 
     :param client: a ``redis.Redis`` (plain, Sentinel, TLS, unix socket) or a
         ``redis.RedisCluster``; ``decode_responses`` may be either. The store never closes it;
-        it keeps one connection of the client's pool checked out for its coalesced round trips.
+        it keeps one connection of the client's pool checked out for its coalesced round trips
+        (see the module docs: a bounded pool needs ``max_connections >= 2``).
     :param key_prefix: the first segment of every record key.
     :param coalesce: combine the requests of concurrent threads into shared round trips
-        (``redis.Redis`` only; a request that arrives alone is sent at once).
+        (``redis.Redis`` only; a request that arrives alone is sent at once). ``False`` keeps
+        no connection: each call takes one from the pool for one round trip.
     :param waker: how a thread waiting for a coalesced round trip is woken (see
         :func:`~rocketmq_dedup.stores.redis.coalesce.default_waker`).
     """
@@ -110,6 +142,8 @@ class RedisDedupStore(DedupStore):
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {kind: client.register_script(text) for kind, text in SCRIPTS.items()}
         self._delete_script = client.register_script(DELETE_SCRIPT)  # operators only
+        if coalesce and not self._cluster:
+            _check_pool_size(client.connection_pool)
         self._coalescer = (
             Coalescer(self._execute, waker) if coalesce and not self._cluster else None
         )
@@ -260,12 +294,27 @@ class RedisDedupStore(DedupStore):
         return f"Redis {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}{tls}"
 
     def is_outage(self, exc: BaseException) -> bool:
-        """Any ``RedisError`` but ``DataError``, and socket errors (see the module docs)."""
+        """Any ``RedisError`` but ``DataError`` and an exhausted pool, and socket errors (see
+        the module docs)."""
         if redis is None:
             return False
         if isinstance(exc, redis.DataError):  # refused by redis-py before sending: a defect
             return False
+        if transport.pool_exhausted(exc):  # no server was asked
+            return False
         return isinstance(exc, (redis.RedisError, OSError))
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """An exhausted pool as :class:`StorePoolExhaustedError`; the rest as any store."""
+        if not transport.pool_exhausted(exc):
+            return super().wrap_error(exc)
+        pool = self.client.connection_pool if not self._cluster else None
+        size = getattr(pool, "max_connections", None)
+        where = "the client's pool" + ("" if size is None else f" (max_connections={size})")
+        return StorePoolExhaustedError(
+            f"{self.describe()}: no free connection in {where}: {type(exc).__name__}: {exc} "
+            "(not an outage: consumed later; size the pool for the consumer's threads)"
+        )
 
     def close(self) -> None:
         """Give the store's connection back to the client's pool (disconnected); never closes
@@ -318,8 +367,7 @@ class RedisDedupStore(DedupStore):
         """Fix what an error reply says is missing; False if it is not recoverable."""
         text = " ".join(str(e) for e in errors)
         if "NOSCRIPT" in text or any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
-            for script in self._scripts.values():
-                script.sha = self.client.script_load(script.script)
+            self._load_scripts()
             return True
         if self._set_nx_get and "syntax" in text.lower():
             logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
@@ -327,12 +375,40 @@ class RedisDedupStore(DedupStore):
             return True
         return False
 
+    def _load_scripts(self) -> None:
+        """Load the scripts into the server: under the coalescer on the store's own connection
+        (the store never holds a second connection of the pool), else through the client."""
+        scripts = list(self._scripts.values())
+        if self._coalescer is None:
+            for script in scripts:
+                script.sha = self.client.script_load(script.script)
+            return
+        replies = self._pinned.round_trip([("SCRIPT", "LOAD", s.script) for s in scripts])
+        for script, reply in zip(scripts, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            script.sha = to_text(reply)
+
     def _send(self, commands: List[Tuple[Any, ...]]) -> List[Any]:
         """Send commands in one round trip: under the coalescer (one sender at a time) on the
         store's own connection, else through the client."""
         if self._coalescer is None:
             return transport.send_through_client(self.client, commands)
         return self._pinned.round_trip(commands)
+
+
+def _check_pool_size(pool: Any) -> None:
+    """Refuse a bounded pool smaller than :data:`MIN_POOL_SIZE` (a coalescing store keeps one
+    of its connections for as long as it is used)."""
+    size = getattr(pool, "max_connections", None)
+    if isinstance(size, int) and size < MIN_POOL_SIZE:
+        raise DedupConfigError(
+            f"the Redis client's connection pool allows max_connections={size}; the dedup "
+            "store keeps one of its connections for its round trips for as long as it is used "
+            "and sends PING and GET through the client, so it needs a pool of at least "
+            f"{MIN_POOL_SIZE} (plus what the application uses the client for at once), or "
+            "RedisDedupStore(client, coalesce=False), which keeps none"
+        )
 
 
 def _version(text: str) -> Tuple[int, ...]:

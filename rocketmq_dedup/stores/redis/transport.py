@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import os
+import queue
 from typing import Any, List, Sequence, Tuple
 
 from rocketmq_dedup.message import encode_text
@@ -66,6 +67,21 @@ def send_through_client(client: Any, commands: Sequence[Command]) -> List[Any]:
     for command in encoded:
         pipe.execute_command(*command, **RAW)
     return list(pipe.execute(raise_on_error=False))
+
+
+def pool_exhausted(exc: BaseException) -> bool:
+    """True if ``exc`` is redis-py saying the client's bounded pool had no connection to give
+    (no server was asked): ``MaxConnectionsError`` (a ``ConnectionPool`` at
+    ``max_connections``; ``ConnectionError("Too many connections")`` before redis-py 5), or the
+    ``ConnectionError`` a ``BlockingConnectionPool`` raises when its queue stayed empty for its
+    ``timeout`` (raised while handling ``queue.Empty``)."""
+    if redis is None or not isinstance(exc, redis.ConnectionError):
+        return False
+    if isinstance(exc, getattr(redis.exceptions, "MaxConnectionsError", ())):
+        return True
+    if isinstance(exc.__context__, queue.Empty):
+        return True
+    return exc.args[:1] in (("Too many connections",), ("No connection available.",))
 
 
 def per_key(request: Request) -> List[Request]:
