@@ -10,11 +10,12 @@ setting assigned while messages flow applies from the next batch, never half-way
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Dict, Generic, NamedTuple, Optional, TypeVar, Union, overload
 
 from rocketmq_dedup.errors import DedupConfigError
-from rocketmq_dedup.metrics import DedupMetrics
+from rocketmq_dedup.metrics import DedupMetrics, handled_by_parts
 from rocketmq_dedup.status import StoreFailurePolicy
 from rocketmq_dedup.stores import STORE_OPTIONS, check_reachable, make_store
 from rocketmq_dedup.stores.base import DedupStore
@@ -64,6 +65,9 @@ class Snapshot(NamedTuple):
     store_failure_policy: StoreFailurePolicy
     lease_renewal: bool
     metrics: Optional[DedupMetrics]
+    metrics_handled: Optional[Callable[..., None]]
+    """``metrics.handled`` (:meth:`DedupMetrics.handled`), or its three calls for a metrics
+    object without it; None without metrics."""
     reject_payload_mismatch: bool
     sequence_mode: str
     sequence_start: int
@@ -382,10 +386,15 @@ class DedupConfig:
         if snapshot is None:
             used = self._used
             hold_ms = used["max_processing_ms"] if used["lease_renewal"] else used["lease_ms"]
+            metrics = used["metrics"]
+            handled = getattr(metrics, "handled", None)
+            if metrics is not None and not callable(handled):
+                handled = functools.partial(handled_by_parts, metrics)
             snapshot = self._snapshot = Snapshot(
                 application_name=self.application_name,
                 store=self.persist,
                 hold_ms=hold_ms,
+                metrics_handled=handled,
                 **used,
             )
         return snapshot

@@ -69,6 +69,51 @@ class DedupMetrics:
     def leases(self, application: str, renewed: int, lost: int) -> None:
         """Called after each lease renewal round: leases extended, and claims found taken over."""
 
+    def handled(
+        self,
+        application: str,
+        topic: str,
+        message: Any,
+        started_ns: int,
+        handler_seconds: float,
+        claim_seconds: float,
+        mark_seconds: float,
+    ) -> None:
+        """A message handled and recorded CONSUMED, in one call (the path of most messages):
+        its decision's fields (the outcome is ``consumed``) and its claim's and CONSUMED
+        mark's durations (both succeeded). The default makes the three calls it stands for
+        (:meth:`store_operation` twice, :meth:`message`); a backend may take them in one go
+        (:class:`PrometheusMetrics` does)."""
+        handled_by_parts(
+            self,
+            application,
+            topic,
+            message,
+            started_ns,
+            handler_seconds,
+            claim_seconds,
+            mark_seconds,
+        )
+
+
+def handled_by_parts(
+    metrics: Any,
+    application: str,
+    topic: str,
+    message: Any,
+    started_ns: int,
+    handler_seconds: float,
+    claim_seconds: float,
+    mark_seconds: float,
+) -> None:
+    """:meth:`DedupMetrics.handled` made of the three calls it stands for (for any metrics
+    object, one without ``handled`` too)."""
+    metrics.store_operation(application, StoreOp.CLAIM, claim_seconds, True)
+    metrics.store_operation(application, StoreOp.MARK_CONSUMED, mark_seconds, True)
+    metrics.message(
+        Decision(application, topic, Outcome.CONSUMED, message, started_ns, handler_seconds)
+    )
+
 
 def __getattr__(name: str) -> Any:
     if name == "PrometheusMetrics":
@@ -89,4 +134,5 @@ __all__ = [
     "Outcome",
     "PrometheusMetrics",
     "StoreOp",
+    "handled_by_parts",
 ]

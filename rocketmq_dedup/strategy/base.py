@@ -38,6 +38,13 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _new_tuple = tuple.__new__
+# Enum members read on every message, as module globals: an Enum class's attribute costs about
+# 0.1 us on Python 3.11, a global 0.01 us.
+_CONSUMED, _CONSUMING = DedupStatus.CONSUMED, DedupStatus.CONSUMING
+_DUPLICATE_CONSUMED, _DUPLICATE_IN_PROGRESS = (
+    Outcome.DUPLICATE_CONSUMED,
+    Outcome.DUPLICATE_IN_PROGRESS,
+)
 
 
 class BatchResult(NamedTuple):
@@ -127,30 +134,29 @@ def retry_locally(
 
 
 class Delivery:
-    """One message of a batch on its way through the template."""
+    """One message of a batch on its way through the template. The fields the template sets
+    only for some messages default to None at class level, so making one sets two."""
 
-    __slots__ = (
-        "attempt",
-        "claim",
-        "element",
-        "fingerprint",
-        "handler_seconds",
-        "msg",
-        "outcome",
-        "position",
-        "status",
-    )
+    element: Optional[DedupElement] = None
+    """None: consumed without dedup."""
+    claim: Optional[Claim] = None
+    """Set while this delivery holds a claim."""
+    attempt: Any = None
+    """The strategy's in-process attempt, when it keeps one."""
+    status: Optional[ConsumeStatus] = None
+    """Decided without the handler."""
+    outcome: Optional[Outcome] = None
+    """For metrics; set once decided."""
+    handler_seconds: Optional[float] = None
+    """Timed only with metrics."""
+    fingerprint: Optional[str] = None
+    """The payload's, with payload_fingerprint."""
+    started: int = 0
+    """``time.time_ns()`` when it arrived (with metrics)."""
 
     def __init__(self, position: int, msg: Any) -> None:
         self.position = position  # in the batch, and so in the statuses
         self.msg = msg
-        self.element: Optional[DedupElement] = None  # None: consumed without dedup
-        self.claim: Optional[Claim] = None  # set while this delivery holds a claim
-        self.attempt: Any = None  # the strategy's in-process attempt, when it keeps one
-        self.status: Optional[ConsumeStatus] = None  # decided without the handler
-        self.outcome: Optional[Outcome] = None  # for metrics; set once decided
-        self.handler_seconds: Optional[float] = None  # timed only with metrics
-        self.fingerprint: Optional[str] = None  # the payload's, with payload_fingerprint
 
 
 class DedupTemplate(Strategy):
@@ -299,12 +305,10 @@ class DedupTemplate(Strategy):
             theirs = fingerprint_in(record.owner if record is not None else None)
             if theirs is not None and theirs != delivery.fingerprint:
                 return self._payload_mismatch(delivery, status, snap)
-        if status is DedupStatus.CONSUMED:
-            logger.debug("%r already consumed; acking the duplicate", delivery.element)
-            return self._duplicate(delivery, DedupStatus.CONSUMED)
-        if status is DedupStatus.CONSUMING:
-            logger.debug("%r is being consumed elsewhere; consume later", delivery.element)
-            return self._duplicate(delivery, DedupStatus.CONSUMING)
+        if status is _CONSUMED or status is _CONSUMING:
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%r: a duplicate of a %s record", delivery.element, status.value)
+            return self._duplicate(delivery, status)
         self._log.log(
             logging.WARNING,
             "%r has a record this library cannot read; consuming without dedup",
@@ -338,10 +342,10 @@ class DedupTemplate(Strategy):
         """A duplicate answered without its handler: acked when its twin is CONSUMED, else
         RECONSUME_LATER. Calls the listener's ``on_duplicate`` (its exceptions are logged, no
         more)."""
-        if status is DedupStatus.CONSUMED:
-            delivery.outcome, answer = Outcome.DUPLICATE_CONSUMED, SUCCESS
+        if status is _CONSUMED:
+            delivery.outcome, answer = _DUPLICATE_CONSUMED, SUCCESS
         else:
-            delivery.outcome, answer = Outcome.DUPLICATE_IN_PROGRESS, LATER
+            delivery.outcome, answer = _DUPLICATE_IN_PROGRESS, LATER
         on_duplicate = self.hooks.on_duplicate
         if on_duplicate is not None:
             try:
@@ -387,22 +391,33 @@ class DedupTemplate(Strategy):
     ) -> None:
         """One decision per message that got an answer (those after a batch's first failure
         are not counted: they are counted when they come back)."""
-        app = snap.application_name
         for delivery in deliveries[:reached]:
-            if delivery.outcome is None:
-                continue
-            msg, element = delivery.msg, delivery.element
-            topic = element.topic if element is not None else message_topic(msg)
-            try:
-                # tuple.__new__: a NamedTuple's own __new__ costs 0.2 us, a fifth of the budget
-                metrics.message(
-                    _new_tuple(
-                        Decision,
-                        (app, topic, delivery.outcome, msg, started, delivery.handler_seconds),
-                    )
+            if delivery.outcome is not None:
+                self._decided(metrics, snap, delivery, started)
+
+    def _decided(
+        self, metrics: DedupMetrics, snap: Snapshot, delivery: Delivery, started: int
+    ) -> None:
+        """Report one message's decision."""
+        msg, element = delivery.msg, delivery.element
+        topic = element.topic if element is not None else message_topic(msg)
+        try:
+            # tuple.__new__: a NamedTuple's own __new__ costs 0.2 us, a fifth of the budget
+            metrics.message(
+                _new_tuple(
+                    Decision,
+                    (
+                        snap.application_name,
+                        topic,
+                        delivery.outcome,
+                        msg,
+                        started,
+                        delivery.handler_seconds,
+                    ),
                 )
-            except Exception:
-                self._metrics_failed()
+            )
+        except Exception:
+            self._metrics_failed()
 
     def _metrics_failed(self) -> None:
         self._log.log(logging.ERROR, "the metrics object raised; ignored", exc_info=True)

@@ -34,6 +34,7 @@ from rocketmq_dedup.metrics import (
     Outcome,
     PrometheusMetrics,
     StoreOp,
+    handled_by_parts,
 )
 from rocketmq_dedup.stores.base import Claim, DedupStore
 from rocketmq_dedup.testing import ClassicMessage
@@ -395,3 +396,69 @@ def test_failed_store_calls_are_counted_apart_in_opentelemetry(app_name: str) ->
     points = otel_points(reader)
     assert points[("rocketmq_dedup.store.errors", None)] == 3
     assert points[("rocketmq_dedup.store.duration", None)] == 2  # m1's claim and mark
+
+
+def _exposition(registry: CollectorRegistry) -> List[Tuple[str, Any, float]]:
+    """Every sample: name, labels, value (rounded: sums may add in another order)."""
+    return sorted(
+        (s.name, tuple(sorted(s.labels.items())), round(s.value, 9))
+        for m in registry.collect()
+        for s in m.samples
+        if not s.name.endswith("_created")
+    )
+
+
+def test_prometheus_handled_counts_as_its_three_calls() -> None:
+    """PrometheusMetrics.handled() exports what message() and the two store_operation() calls
+    it stands for export: same series, same counts, same sums."""
+    one, three = CollectorRegistry(), CollectorRegistry()
+    combined, parts = PrometheusMetrics(one), PrometheusMetrics(three)
+    for i in range(1_500):  # > FOLD_AT: folded by the reporter and by the scrape
+        msg = ClassicMessage(f"m{i}")
+        combined.handled("app", "T", msg, 0, 0.002, 0.0001, 0.03)
+        handled_by_parts(parts, "app", "T", msg, 0, 0.002, 0.0001, 0.03)
+    assert _exposition(one) == _exposition(three)
+    for name, labels in (
+        ("rocketmq_dedup_messages_total", {"app": "app", "topic": "T", "outcome": "consumed"}),
+        ("rocketmq_dedup_handler_seconds_sum", {"app": "app", "topic": "T"}),
+        ("rocketmq_dedup_store_seconds_count", {"app": "app", "op": "claim"}),
+        ("rocketmq_dedup_store_seconds_sum", {"app": "app", "op": "mark_consumed"}),
+        ("rocketmq_dedup_store_seconds_bucket", {"app": "app", "op": "claim", "le": "0.001"}),
+    ):
+        got = prometheus_value(one, name, **labels)
+        assert got is not None and got == pytest.approx(prometheus_value(three, name, **labels))
+    assert (
+        prometheus_value(
+            one, "rocketmq_dedup_messages_total", app="app", topic="T", outcome="consumed"
+        )
+        == 1_500
+    )
+
+
+class DuckMetrics:
+    """A metrics object by duck typing: the protocol's three methods, no ``handled``."""
+
+    def __init__(self) -> None:
+        self.calls: List[Any] = []
+
+    def message(self, decision: Decision) -> None:
+        self.calls.append(("message", decision.outcome, decision.handler_seconds is not None))
+
+    def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
+        self.calls.append(("store", op, ok))
+
+    def leases(self, application: str, renewed: int, lost: int) -> None:
+        self.calls.append(("leases", renewed, lost))
+
+
+def test_metrics_without_handled_get_its_three_calls(app_name: str) -> None:
+    """A duck-typed metrics object without handled() is told of a handled message by the
+    claim's and the mark's store_operation and the decision, as before handled() existed."""
+    metrics = DuckMetrics()
+    config = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=metrics)
+    assert Listener(config)(ClassicMessage("m1")) == SUCCESS
+    assert metrics.calls == [
+        ("store", StoreOp.CLAIM, True),
+        ("store", StoreOp.MARK_CONSUMED, True),
+        ("message", Outcome.CONSUMED, True),
+    ]
