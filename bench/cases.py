@@ -84,6 +84,9 @@ class Case(abc.ABC):
         self.app = ctx.app_name(self.name)
         self.handler = CountingHandler()
         self.items: Sequence[Any] = ()
+        #: what the last measure() used, when not this process (CPU s, voluntary and
+        #: involuntary switches); None: the runner reads this process's usage
+        self.usage: Optional[tuple[float, int, int]] = None
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Once per run, before the first repetition."""
@@ -187,6 +190,13 @@ class MemoryFresh(Case):
 
     def consume(self, item: Any) -> Any:
         return self.listener(item)
+
+
+class MemoryDup(MemoryFresh):
+    """memory_fresh's messages again: every one a duplicate of a CONSUMED message."""
+
+    name = "memory_dup"
+    duplicates = True
 
 
 class MemoryPrometheusFresh(MemoryFresh):
@@ -698,6 +708,7 @@ class MySQLTx12Dedup(MySQLTxDedup):
 IN_PROCESS_CASES: tuple[type[Case], ...] = (
     Noop,
     MemoryFresh,
+    MemoryDup,
     MemoryPrometheusFresh,
     RedisFresh,
     RedisDup,

@@ -64,6 +64,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         "whole, one after the other)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the case orders")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="PATH",
+        help="also run memory_fresh and memory_dup with the listener of the checkout at PATH "
+        "(e.g. a 'git worktree' of an older commit), in a child process, side by side with "
+        "this run's (cases baseline_memory_*)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a target fails")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="also render a PNG chart")
     parser.add_argument("--list", action="store_true", help="list the selected cases and exit")
@@ -132,6 +140,11 @@ def pin_to_cpu(cpu: Optional[int]) -> Optional[list[int]]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     classes = select_cases(args.cases, args.quick)
+    if args.baseline is not None:
+        from bench.baseline import baseline_cases
+
+        selected = {c.name for c in classes}
+        classes += [c for c in baseline_cases(args.baseline) if c.of.name in selected]
     if args.services:
         print(" ".join(needed_services(classes)))
         return 0
@@ -158,6 +171,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 3
     evaluated = evaluate(results)
+    env = environment(versions, {})
+    print(f"cpu: {env['cpu_model']} ({env['cpus_usable']} usable), commit {env['git_commit']}")
     print(format_table(results))
     print()
     print(format_targets(evaluated))
@@ -167,6 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "rounds_per_rep": args.rounds,
         "seed": args.seed,
         "cpu_affinity": pinned,
+        "baseline": None if args.baseline is None else _describe(args.baseline),
         "n": {c.name: c.n for c in cases},
     }
     document = to_json(results, environment(versions, options), evaluated)
@@ -181,3 +197,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.check and not all(t.passed for t in evaluated):
         return 1
     return 0
+
+
+def _describe(checkout: Path) -> dict[str, Optional[str]]:
+    """The baseline checkout's path and commit."""
+    import subprocess
+
+    try:
+        commit: Optional[str] = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {"path": str(checkout), "commit": commit}

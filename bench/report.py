@@ -25,10 +25,14 @@ class Target:
     denominator: Optional[str]
     threshold: Optional[float]
     """None: reported for information, no target."""
+    cpu_us: bool = False
+    """The case's CPU microseconds per message (of the process that ran it; a ratio of two
+    cases' when there is a denominator), which must be at most ``threshold``."""
 
     @property
     def name(self) -> str:
-        return f"{self.numerator}/{self.denominator}" if self.denominator else self.numerator
+        name = f"{self.numerator}/{self.denominator}" if self.denominator else self.numerator
+        return f"{name} cpu_us/msg" if self.cpu_us else name
 
     @property
     def cases(self) -> tuple[str, ...]:
@@ -45,7 +49,13 @@ TARGETS: tuple[Target, ...] = (
     Target("redis_threads8_nocoalesce_fresh", "redis_fresh", None),
     Target("redis_threads8_lockwake_fresh", "redis_fresh", None),
     Target("memory_fresh", None, 60_000.0),
-    Target("memory_prometheus_fresh", "memory_fresh", 0.8),
+    Target("memory_fresh", None, 5.0, cpu_us=True),
+    Target("memory_dup", None, 3.0, cpu_us=True),
+    Target("baseline_memory_fresh", None, None, cpu_us=True),
+    Target("baseline_memory_dup", None, None, cpu_us=True),
+    Target("memory_fresh", "baseline_memory_fresh", None, cpu_us=True),
+    Target("memory_dup", "baseline_memory_dup", None, cpu_us=True),
+    Target("memory_prometheus_fresh", "memory_fresh", 0.85),
     Target("mysql_fresh", "mysql_naive_fresh", 0.9),
     Target("mysql_tx_dedup", "mysql_tx_plain", 0.85),
     Target("mysql_tx12_dedup", "mysql_tx12_plain", None),
@@ -69,7 +79,10 @@ class TargetResult:
 
     @property
     def passed(self) -> bool:
-        return self.target.threshold is None or self.value >= self.target.threshold
+        threshold = self.target.threshold
+        if threshold is None:
+            return True
+        return self.value <= threshold if self.target.cpu_us else self.value >= threshold
 
 
 def evaluate(results: list[CaseResult]) -> list[TargetResult]:
@@ -80,18 +93,25 @@ def evaluate(results: list[CaseResult]) -> list[TargetResult]:
         if not all(name in by_name for name in target.cases):
             continue
         num = by_name[target.numerator]
+        nums = num.cpu_us if target.cpu_us else num.reps
         if target.denominator is None:
-            evaluated.append(TargetResult(target, list(num.reps), num.median))
+            evaluated.append(TargetResult(target, list(nums), statistics.median(nums)))
             continue
         den = by_name[target.denominator]
-        per_rep = [a / b for a, b in zip(num.reps, den.reps, strict=False)]
-        evaluated.append(TargetResult(target, per_rep, num.median / den.median))
+        dens = den.cpu_us if target.cpu_us else den.reps
+        per_rep = [a / b for a, b in zip(nums, dens, strict=False)]
+        of_medians = statistics.median(nums) / statistics.median(dens)
+        evaluated.append(TargetResult(target, per_rep, of_medians))
     return evaluated
 
 
 def ratios(results: list[CaseResult]) -> dict[str, float]:
     """Every target ratio that could be computed (median of the per-repetition ratios)."""
-    return {t.target.name: t.value for t in evaluate(results) if t.target.denominator}
+    return {
+        t.target.name: t.value
+        for t in evaluate(results)
+        if t.target.denominator and not t.target.cpu_us
+    }
 
 
 def verdict(t: TargetResult) -> str:
@@ -118,16 +138,19 @@ def format_table(results: list[CaseResult]) -> str:
 
 def format_targets(evaluated: list[TargetResult]) -> str:
     lines = [
-        "ratios: median of the per-rep ratios (cases of one rep run side by side)",
-        f"{'target':<38} {'value':>9} {'per-rep range':>21} {'of medians':>10} "
+        "ratios: median of the per-rep ratios (cases of one rep run side by side); "
+        "cpu_us/msg: CPU of the process that ran the case",
+        f"{'target':<48} {'value':>9} {'per-rep range':>21} {'of medians':>10} "
         f"{'needs':>10}  result",
     ]
     for t in evaluated:
-        fmt = "{:,.0f}" if t.target.denominator is None else "{:.2f}"
+        absolute = t.target.denominator is None
+        fmt = "{:,.0f}" if absolute and not t.target.cpu_us else "{:.2f}"
         spread = f"{fmt.format(min(t.rep_values))} .. {fmt.format(max(t.rep_values))}"
-        needs = "-" if t.target.threshold is None else ">= " + fmt.format(t.target.threshold)
+        bound = "<= " if t.target.cpu_us else ">= "
+        needs = "-" if t.target.threshold is None else bound + fmt.format(t.target.threshold)
         lines.append(
-            f"{t.target.name:<38} {fmt.format(t.value):>9} {spread:>21} "
+            f"{t.target.name:<48} {fmt.format(t.value):>9} {spread:>21} "
             f"{fmt.format(t.of_medians):>10} {needs:>10}  {verdict(t)}"
         )
     return "\n".join(lines)
@@ -148,7 +171,9 @@ def to_json(
                 "per_rep": t.rep_values,
                 "of_medians": t.of_medians,
                 "threshold": t.target.threshold,
+                "at_most": t.target.cpu_us,
                 "pass": t.passed,
+                "verdict": verdict(t),
             }
             for t in evaluated
         ],

@@ -109,7 +109,8 @@ def measure(case: Case, sample: Sample, items: Optional[Sequence[Any]] = None) -
     """Time one timed pass of ``case`` (over ``items``, default all) into ``sample``."""
     before = Usage.now()
     seconds = case.measure(items)
-    sample.add(seconds, Usage.now().since(before))
+    used = Usage.now().since(before) if case.usage is None else Usage(*case.usage)
+    sample.add(seconds, used)
 
 
 def expect_calls(case: Case) -> None:

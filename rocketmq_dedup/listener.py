@@ -49,7 +49,8 @@ class BaseDedupListener(abc.ABC):
         the listener's class overrides them (else the strategy skips their work)."""
         return Hooks(
             listener=self,
-            key_of=self.dedup_message_key,
+            # the default key read directly: one Python call less for every message
+            key_of=self.dedup_message_key if self._overrides("dedup_message_key") else message_id,
             on_duplicate=self.on_duplicate if self._overrides("on_duplicate") else None,
             payload_of=(
                 self.payload_fingerprint if self._overrides("payload_fingerprint") else None

@@ -86,7 +86,7 @@ def message_topic_tag(msg: Any) -> Tuple[str, str]:
         tag = getattr(msg, "tag", None)
     return (
         topic if type(topic) is str else to_text(topic),
-        tag if type(tag) is str else to_text(tag),
+        tag.decode("utf-8", "surrogateescape") if type(tag) is bytes else to_text(tag),
     )
 
 
@@ -95,7 +95,10 @@ def message_id(msg: Any) -> Optional[str]:
     getter = getattr(msg, "get_property", None)
     if callable(getter):  # the classic clients (get_property inlined: every message's key)
         value = getter(UNIQ_KEY_PROPERTY)
-        uniq = to_text(value) if value is not None else None
+        if type(value) is bytes:  # to_text, inlined for the classic client's bytes
+            uniq: Optional[str] = value.decode("utf-8", "surrogateescape")
+        else:
+            uniq = to_text(value) if value is not None else None
     else:
         uniq = get_property(msg, UNIQ_KEY_PROPERTY)
     if uniq:

@@ -71,13 +71,17 @@ class MemoryDedupStore(PerElementStore):
         element, owner = claim
         now = self._clock()
         records = self._records
-        with self._lock:
-            entry = records.get(element)
-            if entry is None or entry[2] <= now:  # none, or expired (_live, inlined)
-                records[element] = (_CONSUMING, owner, now + lease_ms / 1000)
-                if len(records) >= self._sweep_at:
-                    self._sweep(now)
-                return CLAIMED
+        # A live record refuses the claim without the lock (a duplicate's path): one dict read
+        # is atomic, and the answer is the one a locked read at that instant would give.
+        entry = records.get(element)
+        if entry is None or entry[2] <= now:
+            with self._lock:
+                entry = records.get(element)
+                if entry is None or entry[2] <= now:  # none, or expired (_live, inlined)
+                    records[element] = (_CONSUMING, owner, now + lease_ms / 1000)
+                    if len(records) >= self._sweep_at:
+                        self._sweep(now)
+                    return CLAIMED
         return _new_tuple(
             ClaimResult, (False, _new_tuple(Record, (entry[0], entry[1], None, None)))
         )
