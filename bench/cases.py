@@ -28,9 +28,11 @@ from bench.settings import (
     Servers,
 )
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, TransactionalDedupListener
+from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import ConsumeStatus
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
+from rocketmq_dedup.stores.mysql.sql import RECORD_INSERT_SQL
 from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
 from rocketmq_dedup.testing import ClassicMessage
 
@@ -644,6 +646,45 @@ class MySQLTxPlain(MySQLTxCase):
         self.conn.close()
 
 
+class MySQLTxRecord(MySQLTxPlain):
+    """The design's floor: ``mysql_tx_plain`` plus the dedup record, written by hand as the
+    library writes it (the same row in the library's table, its INSERT sent with the COMMIT
+    in one round trip), with none of the library's Python. ``mysql_tx_record/mysql_tx_plain``
+    is the most a listener of this design can reach on the machine; the library's own cost is
+    the gap between it and ``mysql_tx_dedup``."""
+
+    name = "mysql_tx_record"
+
+    def setup(self) -> None:
+        super().setup()
+        if LIBRARY_TABLE not in self.ctx.tables_made:
+            self.sql(f"DROP TABLE IF EXISTS `{LIBRARY_TABLE}`")
+            self.sql(schema_sql(LIBRARY_TABLE))
+            self.ctx.tables_made.add(LIBRARY_TABLE)
+        self.record = RECORD_INSERT_SQL.format(table=f"`{LIBRARY_TABLE}`") + "; COMMIT"
+
+    def consume(self, item: Any) -> Any:
+        cur = self.conn.cursor()
+        try:
+            self.handler(item)
+            self.business(self.conn, item)
+            element = DedupElement(self.app, item.topic, "TagBench", item.id)
+            row = (element_digest(element), self.app, item.topic, "TagBench", item.id)
+            cur.execute(self.record, (*row, "owner.1@1", RESERVE_MINUTES * 60_000))
+            while cur.nextset():
+                pass
+        except BaseException:
+            self.conn.rollback()
+            raise
+        finally:
+            cur.close()
+        return OK
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.sql(f"DELETE FROM `{LIBRARY_TABLE}` WHERE application_name = %s", (self.app,))
+
+
 class BenchTxListener(TransactionalDedupListener):
     """The exactly-once listener, as a user writes it: the business transaction on ``conn``."""
 
@@ -725,6 +766,7 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     MySQLNaiveFresh,
     MySQLTxPlain,
     MySQLTxDedup,
+    MySQLTxRecord,
     MySQLTx12Plain,
     MySQLTx12Dedup,
 )

@@ -58,7 +58,9 @@ TARGETS: tuple[Target, ...] = (
     Target("memory_prometheus_fresh", "memory_fresh", 0.85),
     Target("mysql_fresh", "mysql_naive_fresh", 0.9),
     Target("mysql_tx_dedup", "mysql_tx_plain", 0.85),
-    Target("mysql_tx12_dedup", "mysql_tx12_plain", None),
+    Target("mysql_tx_record", "mysql_tx_plain", None),
+    Target("mysql_tx_dedup", "mysql_tx_record", None),
+    Target("mysql_tx12_dedup", "mysql_tx12_plain", 0.95),
     Target("e2e_redis", "e2e_nodedup", 0.95),
     Target("e2e_mysql", "e2e_nodedup", 0.90),
 )
