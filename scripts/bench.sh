@@ -20,12 +20,7 @@ install_bench_requirements
 
 needs=$("$PY" -m bench --services "$@")   # e.g. "redis mysql broker"; exits non-zero on bad args
 
-cleanups=()
-cleanup() {
-  local i
-  for ((i = ${#cleanups[@]} - 1; i >= 0; i--)); do ${cleanups[i]} || true; done
-}
-trap cleanup EXIT
+trap run_cleanups EXIT
 
 if [[ $needs == *redis* || $needs == *mysql* ]]; then
   if scripts/services.sh status >/dev/null 2>&1; then
@@ -48,11 +43,7 @@ if [[ $needs == *broker* ]]; then
   fi
 fi
 
-# the servers' addresses (as the tests get them), unless the caller set them
-for assignment in $(scripts/services.sh env | sed 's/^export //'); do
-  name=${assignment%%=*}
-  [[ -n ${!name:-} ]] || export "${assignment?}"
-done
+export_server_env
 
 # the RocketMQ client's logs (e2e cases) go to $STATE_ROOT/bench-home, not to ~/logs
 with_client_home bench "$PY" -m bench "$@"

@@ -135,3 +135,21 @@ install_bench_requirements() {
     .venv-classic/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt
   echo "$stamp" >.venv-classic/.bench-stamp
 }
+
+# export_server_env: export the servers' addresses (`scripts/services.sh env`, as the tests get
+# them), each unless the caller has set it (a private stack's ports win).
+export_server_env() {
+  local assignment name
+  for assignment in $(scripts/services.sh env | sed 's/^export //'); do
+    name=${assignment%%=*}
+    [[ -n ${!name:-} ]] || export "${assignment?}"
+  done
+}
+
+# At exit, undo what this script started: `cleanups+=("scripts/x.sh down")` after starting
+# something, `trap run_cleanups EXIT` once; run last-first, a failing one never stops the rest.
+cleanups=()
+run_cleanups() {
+  local i
+  for ((i = ${#cleanups[@]} - 1; i >= 0; i--)); do ${cleanups[i]} || true; done
+}

@@ -21,12 +21,7 @@ if info_only "" "$@"; then exec "$(info_python)" -m bench.soak "$@"; fi
 "$REPO_ROOT/scripts/bootstrap.sh"
 install_bench_requirements   # matplotlib for --chart
 
-cleanups=()
-cleanup() {
-  local i
-  for ((i = ${#cleanups[@]} - 1; i >= 0; i--)); do ${cleanups[i]} || true; done
-}
-trap cleanup EXIT
+trap run_cleanups EXIT
 
 if ! scripts/services.sh status mysql >/dev/null 2>&1; then   # the soak needs MariaDB only
   scripts/services.sh up mysql
@@ -36,10 +31,7 @@ if ! scripts/rocketmq.sh status >/dev/null 2>&1; then
   scripts/rocketmq.sh up
   cleanups+=("scripts/rocketmq.sh down")
 fi
-for assignment in $(scripts/services.sh env | sed 's/^export //'); do
-  name=${assignment%%=*}
-  [[ -n ${!name:-} ]] || export "${assignment?}"
-done
+export_server_env
 
 # the RocketMQ clients' logs go to $STATE_ROOT/soak/home (set per consumer), not to ~/logs
 with_client_home soak .venv-classic/bin/python -m bench.soak "$@"
