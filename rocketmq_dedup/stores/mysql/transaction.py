@@ -510,12 +510,43 @@ def _refuse_end(event: str) -> Any:
     return listener
 
 
+#: In a pooled SQLAlchemy connection's ``info`` (which lives as long as its DB-API connection):
+#: the session idle timeout this library set on it, and since when it has been idle in the pool.
+_WAIT_TIMEOUT_INFO = "rocketmq_dedup_wait_timeout"
+_IDLE_SINCE_INFO = "rocketmq_dedup_idle_since"
+
+
+def _stamp_idle(dbapi_connection: Any, record: Any) -> None:
+    """Pool ``checkin``: when a connection whose idle timeout this library lowered went idle."""
+    if record is not None and _WAIT_TIMEOUT_INFO in record.info:
+        record.info[_IDLE_SINCE_INFO] = time.monotonic()
+
+
+def _replace_if_timed_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Pool ``checkout`` (the application's, or the store's): a connection idle in the engine's
+    pool for (nearly) the session idle timeout this library set on it has been, or is about
+    to be, ended by the server. ``DisconnectionError`` makes the pool connect anew, so no
+    checkout, ours or the application's, gets a session the lowered timeout ended (the
+    application's engine keeps working without ``pool_pre_ping``)."""
+    info = record.info
+    since = info.pop(_IDLE_SINCE_INFO, None)
+    timeout = info.get(_WAIT_TIMEOUT_INFO)
+    lapsed = since is not None and timeout is not None
+    if lapsed and time.monotonic() - since >= timeout - IDLE_MARGIN_S:
+        info.pop(_WAIT_TIMEOUT_INFO, None)  # the next DB-API connection has the default
+        from sqlalchemy import exc
+
+        raise exc.DisconnectionError("the session's idle timeout (wait_timeout) lapsed")
+
+
 def guard_engine(engine: Any) -> None:
     """Install, once per engine, ``commit``/``rollback`` event listeners that raise
     :class:`TransactionMisuseError` when a handler calls ``conn.commit()``/``rollback()``
     (or ``close()``, which rolls back) on the ``Connection`` it was given: the event fires
     before the DB-API call, so the transaction is neither committed nor rolled back by it.
-    Savepoints (``conn.begin_nested()``) stay allowed."""
+    Savepoints (``conn.begin_nested()``) stay allowed. Also pool ``checkin``/``checkout``
+    listeners that replace a pooled connection whose lowered session idle timeout lapsed
+    while it sat in the engine's pool (:func:`_replace_if_timed_out`)."""
     from sqlalchemy import event  # the [sqlalchemy] extra; only with an Engine
 
     with _GUARD_LOCK:
@@ -523,6 +554,8 @@ def guard_engine(engine: Any) -> None:
             return
         event.listen(engine, "commit", _refuse_end("commit"))
         event.listen(engine, "rollback", _refuse_end("rollback"))
+        event.listen(engine, "checkin", _stamp_idle)
+        event.listen(engine, "checkout", _replace_if_timed_out)
         _GUARDED_ENGINES[id(engine)] = engine  # keeps the id unique while guarded
 
 
@@ -554,9 +587,9 @@ class SqlAlchemyTransaction(Transaction):
                     "handler's writes could not be rolled back; use the default isolation level"
                 )
             info = self.conn.connection.info  # lives as long as the DB-API connection
-            if info.get("rocketmq_dedup_wait_timeout") != hold_seconds:
+            if info.get(_WAIT_TIMEOUT_INFO) != hold_seconds:
                 self._execute("SET SESSION wait_timeout = %s", (hold_seconds,), False)
-                info["rocketmq_dedup_wait_timeout"] = hold_seconds
+                info[_WAIT_TIMEOUT_INFO] = hold_seconds
         except BaseException:
             self.broken = True
             raise

@@ -507,3 +507,30 @@ def test_an_engine_makes_the_mysql_store() -> None:
         dispose(engine)
     with pytest.raises(DedupConfigError, match="dialect"):
         make_store(sqlalchemy.create_engine("sqlite://"))
+
+
+@pytest.mark.parametrize("driver", ["sqlalchemy+mysqlclient", "sqlalchemy+pymysql"])
+def test_the_applications_engine_outlives_the_lowered_idle_timeout(
+    driver: str, table: str, effects: EffectTable
+) -> None:
+    """SQLAlchemy: a transaction's connection goes back to the engine's pool with the session
+    idle timeout this mode set (the hold: 2 s here). Left idle there past it, the server ends
+    that session; the application's next ``engine.connect()`` (no ``pool_pre_ping``) gets a
+    new one with the server's default timeout, never "server has gone away"."""
+    engine = make_client(driver, pool_size=1, max_overflow=0)
+    try:
+        config = make_config(
+            engine, table, dedup_processing_expire_milli_seconds=2000, lease_renewal=False
+        )
+        config.persist.create_table()  # type: ignore[union-attr]
+        listener = EffectListener(config, effects)
+        try:
+            assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+        finally:
+            listener.close()
+        time.sleep(3.5)  # what is under test: 2 s of idleness, and the server's ending of it
+        with engine.connect() as conn:  # the pool's one connection, the one the mode used
+            timeout = conn.exec_driver_sql("SELECT @@session.wait_timeout").scalar()
+        assert timeout is not None and int(timeout) > 2
+    finally:
+        dispose(engine)

@@ -4,6 +4,7 @@ and 4, and the 16-thread race), on every driver."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import random
 import select
@@ -156,22 +157,25 @@ def test_a_stalled_attempt_and_its_takeover_commit_once(
 
 _CHILD = textwrap.dedent(
     """
-    import sys, time
+    import json, sys, time
     sys.path.insert(0, {root!r})
     from rocketmq_dedup import DedupConfig, TransactionalDedupListener
     from rocketmq_dedup.testing import ClassicMessage
     from tests.integration.exactly_once.support import execute, make_client
 
-    driver, table, app, effects, msg_id = sys.argv[1:]
+    driver, table, app, effects, msg_id = sys.argv[1:6]
+    options = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {{}}
+    sleep = options.pop("handler_sleep_s", 60)
+    options.setdefault("dedup_processing_expire_milli_seconds", 1000)
     config = DedupConfig.enable_dedup_consume_config(
-        app, make_client(driver), table_name=table, dedup_processing_expire_milli_seconds=1000
+        app, make_client(driver), table_name=table, **options
     )
 
     class Listener(TransactionalDedupListener):
         def do_handle_msg(self, msg, conn):
             execute(conn, "INSERT INTO " + effects + " (k) VALUES (%s)", (msg.id,))
             print("in-handler", flush=True)
-            time.sleep(60)
+            time.sleep(sleep)
             return True
 
     Listener(config)(ClassicMessage(msg_id))
@@ -217,3 +221,59 @@ def test_a_consumer_killed_in_its_handler_commits_nothing(
         assert effects.count("m1") == 1
     finally:
         listener.close()
+
+
+def test_a_frozen_consumer_holds_the_key_only_until_its_session_times_out(
+    driver: str, client: Any, table: str, effects: EffectTable, tmp_path: Path
+) -> None:
+    """SIGSTOP inside the handler (a hung VM): while frozen it holds the key, and its twin is
+    answered RECONSUME_LATER at once; its session's idle timeout (the hold: here the 2 s lease,
+    without renewal) then ends it on the server, which rolls it back and frees its named lock,
+    so the twin runs and commits. Woken, the frozen one cannot commit: one effect, not two."""
+    options = {"exactly_once_claim": "before_handler", "lease_renewal": False}
+    hold_ms = 2000
+    config = make_config(client, table, dedup_processing_expire_milli_seconds=hold_ms, **options)
+    config.persist.create_table()  # type: ignore[union-attr]
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD.format(root=str(ROOT)))
+    child_options = json.dumps(
+        # wall-clock sleep: over soon after SIGCONT, the freeze having outlasted it
+        {**options, "dedup_processing_expire_milli_seconds": hold_ms, "handler_sleep_s": 5}
+    )
+    args = [driver, table, config.application_name, effects.name, "m1", child_options]
+    child = subprocess.Popen(
+        [sys.executable, str(script), *args], stdout=subprocess.PIPE, cwd=str(ROOT)
+    )
+    listener = EffectListener(config, effects)
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], 30)
+        assert ready and child.stdout.readline().strip() == b"in-handler"
+        os.kill(child.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        began = time.monotonic()
+        assert listener(ClassicMessage("m1")) is LATER  # the frozen copy holds the key...
+        assert time.monotonic() - began < 0.1  # ...and its twin is not kept waiting
+        answers = []
+        deadline = frozen_at + 30
+        while time.monotonic() < deadline:
+            answers.append(listener(ClassicMessage("m1")))
+            if answers[-1] is SUCCESS:
+                break
+            time.sleep(0.2)
+        freed_after = time.monotonic() - frozen_at
+        assert answers and answers[-1] is SUCCESS, answers  # the server ended the session
+        assert freed_after < hold_ms / 1000 + 15, freed_after  # bounded by the idle timeout
+        os.kill(child.pid, signal.SIGCONT)
+        out, _ = child.communicate(timeout=30)
+        assert b"finished" in out  # woken, its commit failed (its session is gone)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+            child.wait(10)
+        listener.close()
+    assert listener.calls == {"m1": 1}
+    assert effects.count("m1") == 1
+    element = DedupElement(config.application_name, "TEST-TOPIC", "TagA", "m1")
+    assert config.persist.get_status(element) is DedupStatus.CONSUMED  # type: ignore[union-attr]
