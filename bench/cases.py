@@ -471,13 +471,15 @@ class MySQLCase(Case):
         finally:
             cur.close()
 
-    def make_table(self, schema: str) -> None:
-        """Drop and create this case's table, once per run, so it has the current schema
-        (a table left by an older run may differ; the cases sharing it set up in turn)."""
-        if self.table not in self.ctx.tables_made:
-            self.sql(f"DROP TABLE IF EXISTS `{self.table}`")
+    def make_table(self, schema: str, table: Optional[str] = None) -> None:
+        """Drop and create this case's table (or ``table``), once per run, so it has the
+        current schema (a table left by an older run may differ; the cases sharing it set up
+        in turn)."""
+        table = self.table if table is None else table
+        if table not in self.ctx.tables_made:
+            self.sql(f"DROP TABLE IF EXISTS `{table}`")
             self.sql(schema)
-            self.ctx.tables_made.add(self.table)
+            self.ctx.tables_made.add(table)
 
     def cleanup(self) -> None:
         self.sql(f"DELETE FROM `{self.table}` WHERE application_name = %s", (self.app,))
@@ -602,10 +604,7 @@ class MySQLTxCase(MySQLCase):
     def setup(self) -> None:
         super().setup()
         self.make_table(TX_LEDGER_SCHEMA)
-        if TX_ACCOUNT_TABLE not in self.ctx.tables_made:
-            self.sql(f"DROP TABLE IF EXISTS `{TX_ACCOUNT_TABLE}`")
-            self.sql(TX_ACCOUNT_SCHEMA)
-            self.ctx.tables_made.add(TX_ACCOUNT_TABLE)
+        self.make_table(TX_ACCOUNT_SCHEMA, TX_ACCOUNT_TABLE)
         self.sql(f"DELETE FROM `{TX_ACCOUNT_TABLE}` WHERE application_name = %s", (self.app,))
         values = ", ".join(["(%s, %s, 0)"] * TX_ACCOUNTS)
         params = tuple(v for i in range(TX_ACCOUNTS) for v in (self.app, i))
@@ -657,10 +656,7 @@ class MySQLTxRecord(MySQLTxPlain):
 
     def setup(self) -> None:
         super().setup()
-        if LIBRARY_TABLE not in self.ctx.tables_made:
-            self.sql(f"DROP TABLE IF EXISTS `{LIBRARY_TABLE}`")
-            self.sql(schema_sql(LIBRARY_TABLE))
-            self.ctx.tables_made.add(LIBRARY_TABLE)
+        self.make_table(schema_sql(LIBRARY_TABLE), LIBRARY_TABLE)
         self.record = RECORD_INSERT_SQL.format(table=f"`{LIBRARY_TABLE}`") + "; COMMIT"
 
     def consume(self, item: Any) -> Any:
@@ -700,17 +696,14 @@ class BenchTxListener(TransactionalDedupListener):
 
 
 class MySQLTxDedup(MySQLTxCase):
-    """The same business transaction through :class:`TransactionalDedupListener`: its claim,
-    the writes through ``conn``, the fenced CONSUMED write, COMMIT (the library's table)."""
+    """The same business transaction through :class:`TransactionalDedupListener`: the writes
+    through ``conn``, then the dedup record sent with the COMMIT (the library's table)."""
 
     name = "mysql_tx_dedup"
 
     def setup(self) -> None:
         super().setup()
-        if LIBRARY_TABLE not in self.ctx.tables_made:
-            self.sql(f"DROP TABLE IF EXISTS `{LIBRARY_TABLE}`")
-            self.sql(schema_sql(LIBRARY_TABLE))
-            self.ctx.tables_made.add(LIBRARY_TABLE)
+        self.make_table(schema_sql(LIBRARY_TABLE), LIBRARY_TABLE)
         config = DedupConfig.enable_dedup_consume_config(
             self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
         )

@@ -15,7 +15,7 @@ import math
 from typing import Any, Callable, Dict, Generic, NamedTuple, Optional, TypeVar, Union, overload
 
 from rocketmq_dedup.errors import DedupConfigError
-from rocketmq_dedup.metrics import DedupMetrics, handled_by_parts
+from rocketmq_dedup.metrics import DedupMetrics
 from rocketmq_dedup.status import StoreFailurePolicy
 from rocketmq_dedup.stores import STORE_OPTIONS, check_reachable, make_store
 from rocketmq_dedup.stores.base import DedupStore
@@ -389,7 +389,7 @@ class DedupConfig:
             metrics = used["metrics"]
             handled = getattr(metrics, "handled", None)
             if metrics is not None and not callable(handled):
-                handled = functools.partial(handled_by_parts, metrics)
+                handled = functools.partial(DedupMetrics.handled, metrics)
             snapshot = self._snapshot = Snapshot(
                 application_name=self.application_name,
                 store=self.persist,

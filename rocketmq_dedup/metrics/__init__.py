@@ -82,37 +82,14 @@ class DedupMetrics:
         """A message handled and recorded CONSUMED, in one call (the path of most messages):
         its decision's fields (the outcome is ``consumed``) and its claim's and CONSUMED
         mark's durations (both succeeded). The default makes the three calls it stands for
-        (:meth:`store_operation` twice, :meth:`message`); a backend may take them in one go
-        (:class:`PrometheusMetrics` does)."""
-        handled_by_parts(
-            self,
-            application,
-            topic,
-            message,
-            started_ns,
-            handler_seconds,
-            claim_seconds,
-            mark_seconds,
+        (:meth:`store_operation` twice, :meth:`message`), so it also serves a duck-typed
+        metrics object without ``handled`` (called as ``DedupMetrics.handled(obj, ...)``); a
+        backend may take them in one go (:class:`PrometheusMetrics` does)."""
+        self.store_operation(application, StoreOp.CLAIM, claim_seconds, True)
+        self.store_operation(application, StoreOp.MARK_CONSUMED, mark_seconds, True)
+        self.message(
+            Decision(application, topic, Outcome.CONSUMED, message, started_ns, handler_seconds)
         )
-
-
-def handled_by_parts(
-    metrics: Any,
-    application: str,
-    topic: str,
-    message: Any,
-    started_ns: int,
-    handler_seconds: float,
-    claim_seconds: float,
-    mark_seconds: float,
-) -> None:
-    """:meth:`DedupMetrics.handled` made of the three calls it stands for (for any metrics
-    object, one without ``handled`` too)."""
-    metrics.store_operation(application, StoreOp.CLAIM, claim_seconds, True)
-    metrics.store_operation(application, StoreOp.MARK_CONSUMED, mark_seconds, True)
-    metrics.message(
-        Decision(application, topic, Outcome.CONSUMED, message, started_ns, handler_seconds)
-    )
 
 
 def __getattr__(name: str) -> Any:
@@ -134,5 +111,4 @@ __all__ = [
     "Outcome",
     "PrometheusMetrics",
     "StoreOp",
-    "handled_by_parts",
 ]

@@ -34,7 +34,6 @@ from rocketmq_dedup.metrics import (
     Outcome,
     PrometheusMetrics,
     StoreOp,
-    handled_by_parts,
 )
 from rocketmq_dedup.stores.base import Claim, DedupStore
 from rocketmq_dedup.testing import ClassicMessage
@@ -416,7 +415,7 @@ def test_prometheus_handled_counts_as_its_three_calls() -> None:
     for i in range(1_500):  # > FOLD_AT: folded by the reporter and by the scrape
         msg = ClassicMessage(f"m{i}")
         combined.handled("app", "T", msg, 0, 0.002, 0.0001, 0.03)
-        handled_by_parts(parts, "app", "T", msg, 0, 0.002, 0.0001, 0.03)
+        DedupMetrics.handled(parts, "app", "T", msg, 0, 0.002, 0.0001, 0.03)
     assert _exposition(one) == _exposition(three)
     for name, labels in (
         ("rocketmq_dedup_messages_total", {"app": "app", "topic": "T", "outcome": "consumed"}),
