@@ -5,8 +5,11 @@ DedupConfig (bench.soak.run), on synthetic records."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -405,3 +408,24 @@ def test_every_size_ends_its_drain_and_only_the_full_one_calls_keys_lost() -> No
         assert any(e is not None for e in ends), name
     assert SIZES["quick"].loss_deadline_s is None and SIZES["quick"].together
     assert not SIZES["full"].together
+
+
+@pytest.mark.parametrize("script", ["bench.sh", "soak.sh"])
+@pytest.mark.parametrize("args", [["--help"], ["--quick", "-h"]])
+def test_help_starts_nothing(script: str, args: List[str], tmp_path: Path) -> None:
+    """`scripts/bench.sh --help` and `scripts/soak.sh --help` print their options and start
+    nothing: no bootstrap, no server, not even the state directory."""
+    state = tmp_path / "state"
+    env = {**os.environ, "ROCKETMQ_DEDUP_STATE_ROOT": str(state)}
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        ["bash", str(root / "scripts" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=str(root),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout
+    assert not state.exists()
