@@ -333,7 +333,7 @@ class FastFailingStore(MemoryDedupStore):
 
     outage_errors = (ConnectionRefusedError,)
 
-    def do_claim(self, element: DedupElement, owner: str, lease_ms: int) -> Any:
+    def do_claim(self, claim: Claim, lease_ms: int) -> Any:
         raise ConnectionRefusedError("store down")
 
 
