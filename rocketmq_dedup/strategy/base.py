@@ -263,7 +263,8 @@ class DedupTemplate(Strategy):
 
     def _store_failed(self, deliveries: List[Delivery], exc: StoreError, snap: Snapshot) -> None:
         """The store could not decide for ``deliveries``: an outage applies the policy (run
-        without dedup, or RECONSUME_LATER); a defect is RECONSUME_LATER, logged as an error."""
+        without dedup, or RECONSUME_LATER: :meth:`_outage_runs_without_dedup`); a defect is
+        RECONSUME_LATER, logged as an error."""
         if not isinstance(exc, StoreUnavailableError):
             self._log.log(
                 logging.ERROR,
@@ -272,7 +273,7 @@ class DedupTemplate(Strategy):
                 len(deliveries),
                 exc_info=exc,
             )
-        elif snap.store_failure_policy is StoreFailurePolicy.CONSUME:
+        elif self._outage_runs_without_dedup(snap):
             self._log.log(
                 logging.WARNING,
                 "dedup store unavailable (%s); consuming %d message(s) WITHOUT dedup "
@@ -286,13 +287,20 @@ class DedupTemplate(Strategy):
         else:
             self._log.log(
                 logging.WARNING,
-                "dedup store unavailable (%s); %d message(s) will be consumed later "
-                "(store_failure_policy='reconsume_later')",
+                "dedup store unavailable (%s); %d message(s) will be consumed later (%s)",
                 exc,
                 len(deliveries),
+                self._OUTAGE_LATER_REASON,
             )
         for delivery in deliveries:
             delivery.status, delivery.outcome = LATER, Outcome.STORE_ERROR_LATER
+
+    #: Why an outage is answered RECONSUME_LATER, for the log line.
+    _OUTAGE_LATER_REASON = "store_failure_policy='reconsume_later'"
+
+    def _outage_runs_without_dedup(self, snap: Snapshot) -> bool:
+        """Whether a store outage runs the handlers without dedup (``store_failure_policy``)."""
+        return snap.store_failure_policy is StoreFailurePolicy.CONSUME
 
     def _duplicate_status(
         self, delivery: Delivery, record: Optional[Record], snap: Snapshot

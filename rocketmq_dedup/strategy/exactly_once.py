@@ -128,28 +128,15 @@ class TransactionalStrategy(DedupTemplate):
             return LATER
         return status
 
-    def _store_failed(self, deliveries: List[Delivery], exc: StoreError, snap: Snapshot) -> None:
-        """The exactly-once mode never consumes without its database, whatever
-        ``store_failure_policy`` says: every store failure is RECONSUME_LATER."""
-        if isinstance(exc, StoreUnavailableError):
-            self._log.log(
-                logging.WARNING,
-                "dedup store unavailable (%s); %d message(s) will be consumed later (the "
-                "exactly-once mode never consumes without its database, whatever "
-                "store_failure_policy says)",
-                exc,
-                len(deliveries),
-            )
-        else:
-            self._log.log(
-                logging.ERROR,
-                "dedup store error (%s); %d message(s) will be consumed later",
-                exc,
-                len(deliveries),
-                exc_info=exc,
-            )
-        for delivery in deliveries:
-            delivery.status, delivery.outcome = LATER, Outcome.STORE_ERROR_LATER
+    _OUTAGE_LATER_REASON = (
+        "the exactly-once mode never consumes without its database, whatever "
+        "store_failure_policy says"
+    )
+
+    def _outage_runs_without_dedup(self, snap: Snapshot) -> bool:
+        """Never: the handler needs the database the store is on (every store failure is
+        RECONSUME_LATER, whatever ``store_failure_policy`` says)."""
+        return False
 
     # -- run: one transaction per message (more with local retries) ------------------------
 
