@@ -3,12 +3,15 @@ tables, a business listener whose effects are rows of its own table."""
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from rocketmq_dedup import DedupConfig, TransactionalDedupListener
+from rocketmq_dedup import ConsumeStatus, DedupConfig, TransactionalDedupListener
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.testing import ClassicMessage
 from tests.support import MYSQL, mysql_connect
 
 #: Every driver the exactly-once mode supports: DB-API factories and SQLAlchemy engines.
@@ -156,3 +159,35 @@ class SequencedListener(EffectListener):
 
     def sequence_key(self, msg: Any) -> Any:
         return self._sequence(msg)
+
+
+def redeliver_until_acked(
+    listener: Any, msgs: List[ClassicMessage], threads: int = 4
+) -> Dict[str, List[ConsumeStatus]]:
+    """A concurrent consumer as the broker drives it: ``threads`` threads take messages in
+    order, and a RECONSUME_LATER answer puts the message back at the end of the queue, until
+    every message is acked (60 s at most). Returns every answer, per message id."""
+    queue: Deque[ClassicMessage] = collections.deque(msgs)
+    answers: Dict[str, List[ConsumeStatus]] = collections.defaultdict(list)
+    lock = threading.Lock()
+    deadline = time.monotonic() + 60
+
+    def worker() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                if not queue:
+                    return
+                msg = queue.popleft()
+            status = listener(msg)
+            with lock:
+                answers[msg.id].append(status)
+                if status is ConsumeStatus.RECONSUME_LATER:
+                    queue.append(msg)  # the broker's redelivery
+
+    workers = [threading.Thread(target=worker) for _ in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(70)
+    assert not queue, f"{len(queue)} message(s) never acked"
+    return dict(answers)

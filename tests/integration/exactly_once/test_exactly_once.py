@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, List, Tuple
 
 import pytest
 
@@ -143,11 +143,11 @@ def test_the_handler_gets_the_transactions_connection(
 # -- requirement 2: a duplicate is answered at once -----------------------------------------------
 
 
-def test_a_duplicate_is_answered_at_once_whatever_locks_the_first_holds(
-    config: DedupConfig, effects: EffectTable
-) -> None:
-    """While the first copy holds row locks and sleeps, its duplicate gets RECONSUME_LATER
-    within 1 s without running; after the commit a duplicate is acked without the handler."""
+def hold_row_locks_in_the_first_copy(
+    effects: EffectTable,
+) -> Tuple[Callable[[Any, Any], bool], threading.Event, threading.Event]:
+    """A handler whose copy with body ``first`` takes a row lock and holds it (``holding``
+    set) until ``finish``; other copies just succeed. Returns it and the two events."""
     sql(f"INSERT INTO {effects.name} (k, v) VALUES ('lock-me', '0')")
     holding, finish = threading.Event(), threading.Event()
 
@@ -158,23 +158,41 @@ def test_a_duplicate_is_answered_at_once_whatever_locks_the_first_holds(
             finish.wait(10)
         return True
 
-    listener = EffectListener(config, effects, behaviour)
-    answers = []
-    first = threading.Thread(
-        target=lambda: answers.append(listener(ClassicMessage("m1", body=b"first")))
+    return behaviour, holding, finish
+
+
+def twins_answered_while_the_first_holds(
+    first: EffectListener, twin: EffectListener, holding: threading.Event, finish: threading.Event
+) -> List[ConsumeStatus]:
+    """Copy ``first`` of m1 runs on ``first`` and holds its row lock; meanwhile three copies
+    on ``twin`` are each answered RECONSUME_LATER within 1 s. Then the first may finish;
+    returns its answer(s)."""
+    answers: List[ConsumeStatus] = []
+    thread = threading.Thread(
+        target=lambda: answers.append(first(ClassicMessage("m1", body=b"first")))
     )
-    first.start()
+    thread.start()
     try:
         assert holding.wait(10)
         for _ in range(3):
             begin = time.monotonic()
-            assert listener(ClassicMessage("m1", body=b"dup")) is LATER
+            assert twin(ClassicMessage("m1", body=b"dup")) is LATER
             assert time.monotonic() - begin < 1.0
-        assert listener.calls["m1"] == 1
     finally:
         finish.set()
-        first.join(10)
-    assert answers == [SUCCESS]
+        thread.join(10)
+    return answers
+
+
+def test_a_duplicate_is_answered_at_once_whatever_locks_the_first_holds(
+    config: DedupConfig, effects: EffectTable
+) -> None:
+    """While the first copy holds row locks and sleeps, its duplicate gets RECONSUME_LATER
+    within 1 s without running; after the commit a duplicate is acked without the handler."""
+    behaviour, holding, finish = hold_row_locks_in_the_first_copy(effects)
+    listener = EffectListener(config, effects, behaviour)
+    assert twins_answered_while_the_first_holds(listener, listener, holding, finish) == [SUCCESS]
+    assert listener.calls["m1"] == 1
     assert listener(ClassicMessage("m1", body=b"dup")) is SUCCESS
     assert listener.calls["m1"] == 1 and effects.count("m1") == 1
 
@@ -239,37 +257,15 @@ def test_before_handler_answers_a_copy_in_another_consumer_at_once(
     another consumer (its own store) is answered RECONSUME_LATER within 1 s, its handler not
     run; after the commit it is acked without its handler."""
     config = make_config(client, table, exactly_once_claim="before_handler")
-    sql(f"INSERT INTO {effects.name} (k, v) VALUES ('lock-me', '0')")
-    holding, finish = threading.Event(), threading.Event()
-
-    def behaviour(msg: Any, conn: Any) -> bool:
-        if msg.body == b"first":
-            execute(conn, f"UPDATE {effects.name} SET v = 'x' WHERE k = 'lock-me'")
-            holding.set()
-            finish.wait(10)
-        return True
-
+    behaviour, holding, finish = hold_row_locks_in_the_first_copy(effects)
     listener = EffectListener(config, effects, behaviour)
     other_config = make_config(
         client, table, config.application_name, exactly_once_claim="before_handler"
     )
     other = EffectListener(other_config, effects, behaviour)
-    answers = []
-    first = threading.Thread(
-        target=lambda: answers.append(listener(ClassicMessage("m1", body=b"first")))
-    )
-    first.start()
     try:
-        assert holding.wait(10)
-        for _ in range(3):
-            begin = time.monotonic()
-            assert other(ClassicMessage("m1", body=b"dup")) is LATER
-            assert time.monotonic() - begin < 1.0
+        answers = twins_answered_while_the_first_holds(listener, other, holding, finish)
         assert other.calls == {}
-    finally:
-        finish.set()
-        first.join(10)
-    try:
         assert answers == [SUCCESS]
         assert other(ClassicMessage("m1", body=b"dup")) is SUCCESS
         assert other.calls == {} and listener.calls == {"m1": 1}

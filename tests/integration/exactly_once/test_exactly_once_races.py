@@ -3,7 +3,6 @@ and 4, and the 16-thread race), on every driver."""
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import random
@@ -15,7 +14,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Deque, Dict, List
+from typing import Any, Dict
 
 import pytest
 
@@ -26,6 +25,7 @@ from tests.integration.exactly_once.support import (
     EffectListener,
     EffectTable,
     make_config,
+    redeliver_until_acked,
 )
 
 pytestmark = pytest.mark.mysql
@@ -49,32 +49,9 @@ def test_sixteen_threads_racing_on_the_same_keys_apply_each_once(
 
     listener = EffectListener(config, effects, behaviour)
     keys = [f"k{i}" for i in range(24)]
-    queue: Deque[ClassicMessage] = collections.deque(
-        random.sample([ClassicMessage(k) for k in keys for _ in range(4)], 96)
-    )
-    answers: Dict[str, List[ConsumeStatus]] = collections.defaultdict(list)
-    lock = threading.Lock()
-    deadline = time.monotonic() + 60
-
-    def worker() -> None:
-        while time.monotonic() < deadline:
-            with lock:
-                if not queue:
-                    return
-                msg = queue.popleft()
-            status = listener(msg)
-            with lock:
-                answers[msg.id].append(status)
-                if status is LATER:
-                    queue.append(msg)  # the broker's redelivery
-
-    threads = [threading.Thread(target=worker) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(70)
+    msgs = random.sample([ClassicMessage(k) for k in keys for _ in range(4)], 96)
     try:
-        assert not queue, "some messages were never acked"
+        answers = redeliver_until_acked(listener, msgs, threads=16)
         assert effects.counts() == dict.fromkeys(keys, 1)
         assert listener.calls == dict.fromkeys(keys, 1)
         assert all(a.count(SUCCESS) == 4 for a in answers.values())
