@@ -23,6 +23,7 @@ from bench.settings import (
     NAIVE_TABLE,
     POWERTOOLS_KEY_PREFIX,
     RESERVE_MINUTES,
+    TAG,
     TX_ACCOUNT_TABLE,
     TX_LEDGER_TABLE,
     Servers,
@@ -664,8 +665,8 @@ class MySQLTxRecord(MySQLTxPlain):
         try:
             self.handler(item)
             self.business(self.conn, item)
-            element = DedupElement(self.app, item.topic, "TagBench", item.id)
-            row = (element_digest(element), self.app, item.topic, "TagBench", item.id)
+            element = DedupElement(self.app, item.topic, TAG, item.id)
+            row = (element_digest(element), self.app, item.topic, TAG, item.id)
             cur.execute(self.record, (*row, "owner.1@1", RESERVE_MINUTES * 60_000))
             while cur.nextset():
                 pass

@@ -12,7 +12,15 @@ from typing import Optional, Sequence
 
 from bench.cases import IN_PROCESS_CASES, BenchError, Case, Context
 from bench.e2e import E2E_CASES
-from bench.report import environment, evaluate, format_table, format_targets, to_json, write_json
+from bench.report import (
+    environment,
+    evaluate,
+    format_table,
+    format_targets,
+    git_commit,
+    to_json,
+    write_json,
+)
 from bench.runner import log_stderr, run_cases
 from bench.settings import BenchSetupError, Servers
 
@@ -171,21 +179,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 3
     evaluated = evaluate(results)
-    env = environment(versions, {})
-    print(f"cpu: {env['cpu_model']} ({env['cpus_usable']} usable), commit {env['git_commit']}")
-    print(format_table(results))
-    print()
-    print(format_targets(evaluated))
+    baseline = None
+    if args.baseline is not None:
+        baseline = {"path": str(args.baseline), "commit": git_commit(args.baseline)}
     options = {
         "quick": args.quick,
         "reps_per_case": reps,
         "rounds_per_rep": args.rounds,
         "seed": args.seed,
         "cpu_affinity": pinned,
-        "baseline": None if args.baseline is None else _describe(args.baseline),
+        "baseline": baseline,
         "n": {c.name: c.n for c in cases},
     }
-    document = to_json(results, environment(versions, options), evaluated)
+    env = environment(versions, options)
+    print(f"cpu: {env['cpu_model']} ({env['cpus_usable']} usable), commit {env['git_commit']}")
+    print(format_table(results))
+    print()
+    print(format_targets(evaluated))
+    document = to_json(results, env, evaluated)
     if args.json:
         write_json(args.json, document)
         log_stderr(f"wrote {args.json}")
@@ -197,19 +208,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.check and not all(t.passed for t in evaluated):
         return 1
     return 0
-
-
-def _describe(checkout: Path) -> dict[str, Optional[str]]:
-    """The baseline checkout's path and commit."""
-    import subprocess
-
-    try:
-        commit: Optional[str] = subprocess.run(
-            ["git", "-C", str(checkout), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {"path": str(checkout), "commit": commit}

@@ -201,7 +201,7 @@ def environment(server_versions: dict[str, str], options: dict[str, Any]) -> dic
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(Path(__file__).resolve().parent.parent),
         **options,
     }
 
@@ -235,8 +235,9 @@ def _cpu_model() -> Optional[str]:
     return platform.processor() or None
 
 
-def _git_commit() -> Optional[str]:
-    root = Path(__file__).resolve().parent.parent
+def git_commit(root: Path) -> Optional[str]:
+    """The commit checked out at ``root`` (12 hex digits, ``-dirty`` when it has changes);
+    None when git cannot tell."""
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"],

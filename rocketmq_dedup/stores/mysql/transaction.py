@@ -98,6 +98,12 @@ REFUSED_CALLS = frozenset(
 IDLE_MARGIN_S = 1.0
 
 
+def idle_too_long(idle_since: float, timeout: float) -> bool:
+    """Whether a connection idle since ``idle_since`` (``time.monotonic()``) has come within
+    :data:`IDLE_MARGIN_S` of its session idle timeout: the server may end it any moment."""
+    return time.monotonic() - idle_since >= timeout - IDLE_MARGIN_S
+
+
 def entity_digest(application: str, entity: str) -> bytes:
     """The sequence table's key: SHA-256 of the length-prefixed (application, entity)."""
     parts = []
@@ -197,7 +203,7 @@ class TransactionFactory:
         while True:
             runner = pool.take()
             timeout = runner.wait_timeout
-            if timeout is None or time.monotonic() - runner.idle_since < timeout - IDLE_MARGIN_S:
+            if timeout is None or not idle_too_long(runner.idle_since, timeout):
                 break
             pool.discard(runner)
         if timeout != hold_seconds:
@@ -531,8 +537,7 @@ def _replace_if_timed_out(dbapi_connection: Any, record: Any, proxy: Any) -> Non
     info = record.info
     since = info.pop(_IDLE_SINCE_INFO, None)
     timeout = info.get(_WAIT_TIMEOUT_INFO)
-    lapsed = since is not None and timeout is not None
-    if lapsed and time.monotonic() - since >= timeout - IDLE_MARGIN_S:
+    if since is not None and timeout is not None and idle_too_long(since, timeout):
         info.pop(_WAIT_TIMEOUT_INFO, None)  # the next DB-API connection has the default
         from sqlalchemy import exc
 
