@@ -56,7 +56,16 @@ REAP_FIRST = 64
 REAP_INTERVAL = 0.1
 _TASKS = "/proc/self/task"  # one entry per live thread of this process, named by its id
 
-_kept = threading.local()
+
+class _ThreadKept(threading.local):
+    done = False
+    """Whether :func:`keep_thread_state` ran on the calling thread (and, on a native thread,
+    its state was kept: a per-call state forgets it)."""
+
+
+#: ``thread_kept.done``, read by the listener before each message: one attribute read, where
+#: a call to :func:`keep_thread_state` would cost a Python call more.
+thread_kept = _ThreadKept()
 _THREADS: Dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]
 
 
@@ -134,10 +143,10 @@ if hasattr(os, "register_at_fork"):
 def keep_thread_state() -> None:
     """Make the calling thread's state outlive this call if Python did not start the thread
     (a few attribute reads once it was done; never raises)."""
-    if getattr(_kept, "done", False):
+    if thread_kept.done:
         return
     try:
-        _kept.done = True  # on a fresh per-call state this is forgotten: the check below runs
+        thread_kept.done = True  # a fresh per-call state forgets it: the check below runs
         if _api is not None:
             thread = _THREADS.get(threading.get_ident())
             if thread is None or isinstance(thread, threading._DummyThread):
@@ -212,4 +221,4 @@ def kept_states() -> int:
 def thread_state_kept() -> bool:
     """True if :func:`keep_thread_state` ran on the calling thread and its state was kept (for
     tests: on a native thread whose state was not kept, this is False at the next call)."""
-    return getattr(_kept, "done", False)
+    return thread_kept.done

@@ -68,6 +68,8 @@ class Snapshot(NamedTuple):
     metrics_handled: Optional[Callable[..., None]]
     """``metrics.handled`` (:meth:`DedupMetrics.handled`), or its three calls for a metrics
     object without it; None without metrics."""
+    metrics_start_time: bool
+    """Whether the decisions carry ``started_ns`` (:attr:`DedupMetrics.wants_start_time`)."""
     reject_payload_mismatch: bool
     sequence_mode: str
     sequence_start: int
@@ -395,6 +397,7 @@ class DedupConfig:
                 store=self.persist,
                 hold_ms=hold_ms,
                 metrics_handled=handled,
+                metrics_start_time=getattr(metrics, "wants_start_time", True),
                 **used,
             )
         return snapshot

@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Any, Callable, Iterable, List, Optional, TypeVar
 
-from rocketmq_dedup._threads import keep_thread_state
+from rocketmq_dedup._threads import keep_thread_state, thread_kept
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.message import message_id
@@ -94,7 +94,8 @@ class BaseDedupListener(abc.ABC):
 
     def __call__(self, msg: Any) -> ConsumeStatus:
         """Consume one message; never raises into a client's callback (see :meth:`close`)."""
-        keep_thread_state()  # a native callback thread keeps its Python state (_threads)
+        if not thread_kept.done:  # the thread's first call, or a native thread's per-call state
+            keep_thread_state()  # a native callback thread keeps its Python state (_threads)
         try:
             return self._strategy.consume_one(msg)
         except BaseException as exc:

@@ -46,7 +46,8 @@ class Decision(NamedTuple):
     """The client's message (its id: :func:`rocketmq_dedup.message.message_id`; never use a
     message id or key as a metric label)."""
     started_ns: int
-    """``time.time_ns()`` when the listener received the message."""
+    """``time.time_ns()`` when the listener received the message (0 for a metrics object
+    whose :attr:`~DedupMetrics.wants_start_time` is False)."""
     handler_seconds: Optional[float]
     """How long the handler ran; None when it did not run."""
 
@@ -57,6 +58,11 @@ class DedupMetrics:
     Methods are called on the consumer's threads, so they must be thread-safe and quick. An
     exception raised by one is logged (rate-limited) and changes no decision.
     """
+
+    #: Whether the decisions carry ``started_ns``, the wall-clock time a message arrived (a
+    #: clock read per message); a backend that never reads it may set False, and then
+    #: receives 0.
+    wants_start_time: bool = True
 
     def message(self, decision: Decision) -> None:
         """Called once per message decision (handled, duplicate, error...)."""

@@ -19,8 +19,14 @@ from rocketmq_dedup.stores.base import (
     oldest_claims,
 )
 
-_Entry = Tuple[DedupStatus, str, float]  # status, owner, expires at (clock seconds)
-_CONSUMING, _CONSUMED = DedupStatus.CONSUMING, DedupStatus.CONSUMED
+#: A record: (consumed, owner, expires at in clock seconds), kept under its element's fields as
+#: a plain tuple. Neither holds anything the cyclic GC tracks (a bool, str and float; a tuple of
+#: str), so the GC stops walking a record after its first collection: kept as a DedupElement
+#: and a DedupStatus, every record stayed tracked, and the collections walking a large store
+#: cost 0.9 us per fresh message (memory_fresh, about a sixth of it).
+_Entry = Tuple[bool, str, float]
+_Key = Tuple[str, str, str, str]
+_STATUS = {True: DedupStatus.CONSUMED, False: DedupStatus.CONSUMING}
 _new_tuple = tuple.__new__
 
 
@@ -39,7 +45,9 @@ class MemoryDedupStore(PerElementStore):
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._records: Dict[DedupElement, _Entry] = {}
+        # Keyed by plain tuples (``element[:]``); read with the element itself (the same hash
+        # and equality), and a write to an existing record keeps its plain key.
+        self._records: Dict[_Key, _Entry] = {}
         self._lock = threading.Lock()
         self._sweep_at = SWEEP_MIN_GROWTH
 
@@ -67,6 +75,8 @@ class MemoryDedupStore(PerElementStore):
             return None
         return record
 
+    # The per-message methods take the lock with acquire/release: a ``with`` costs 0.1 us more.
+
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
         now = self._clock()
@@ -75,26 +85,34 @@ class MemoryDedupStore(PerElementStore):
         # is atomic, and the answer is the one a locked read at that instant would give.
         entry = records.get(element)
         if entry is None or entry[2] <= now:
-            with self._lock:
+            lock = self._lock
+            lock.acquire()
+            try:
                 entry = records.get(element)
                 if entry is None or entry[2] <= now:  # none, or expired (_live, inlined)
-                    records[element] = (_CONSUMING, owner, now + lease_ms / 1000)
+                    records[element[:]] = (False, owner, now + lease_ms / 1000)
                     if len(records) >= self._sweep_at:
                         self._sweep(now)
                     return CLAIMED
+            finally:
+                lock.release()
         return _new_tuple(
-            ClaimResult, (False, _new_tuple(Record, (entry[0], entry[1], None, None)))
+            ClaimResult, (False, _new_tuple(Record, (_STATUS[entry[0]], entry[1], None, None)))
         )
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         expires = self._clock() + retention_ms / 1000
-        with self._lock:
-            self._records[claim[0]] = (_CONSUMED, claim[1], expires)
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._records[claim[0]] = (True, claim[1], expires)
+        finally:
+            lock.release()
 
     def do_release(self, claim: Claim) -> bool:
         with self._lock:
             entry = self._live(claim.element, self._clock())
-            if entry is not None and entry[0] is DedupStatus.CONSUMING and entry[1] == claim.owner:
+            if entry is not None and not entry[0] and entry[1] == claim.owner:
                 del self._records[claim.element]
                 return True
         return False
@@ -105,9 +123,9 @@ class MemoryDedupStore(PerElementStore):
         with self._lock:
             for element, owner in claims:
                 entry = self._live(element, now)
-                owned = entry is not None and entry[:2] == (DedupStatus.CONSUMING, owner)
+                owned = entry is not None and not entry[0] and entry[1] == owner
                 if owned:
-                    self._records[element] = (DedupStatus.CONSUMING, owner, now + lease_ms / 1000)
+                    self._records[element] = (False, owner, now + lease_ms / 1000)
                 results.append(owned)
         return results
 
@@ -120,16 +138,17 @@ class MemoryDedupStore(PerElementStore):
     # -- operator API --------------------------------------------------------------------
 
     @staticmethod
-    def _record(element: DedupElement, entry: _Entry, now: float) -> Record:
-        return Record(entry[0], entry[1], max(0, round((entry[2] - now) * 1000)), element)
+    def _record(element: _Key, entry: _Entry, now: float) -> Record:
+        expires_in_ms = max(0, round((entry[2] - now) * 1000))
+        return Record(_STATUS[entry[0]], entry[1], expires_in_ms, DedupElement._make(element))
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
         with self._lock:
             entry = self._live(element, self._clock())
-            if entry is None or (entry[0] is DedupStatus.CONSUMED and not force):
+            if entry is None or (entry[0] and not force):
                 return None
             del self._records[element]
-        return entry[0]
+        return _STATUS[entry[0]]
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
         now = self._clock()
@@ -137,6 +156,6 @@ class MemoryDedupStore(PerElementStore):
             records = [
                 self._record(e, r, now)
                 for e, r in self._records.items()
-                if e.application == application and r[2] > now
+                if e[0] == application and r[2] > now
             ]
         return StoreStats(count_statuses(records), oldest_claims(records, limit))

@@ -152,11 +152,19 @@ class Delivery:
     fingerprint: Optional[str] = None
     """The payload's, with payload_fingerprint."""
     started: int = 0
-    """``time.time_ns()`` when it arrived (with metrics)."""
+    """``time.time_ns()`` when it arrived (with metrics that want it)."""
+
+    position: int = 0
+    """In the batch, and so in the statuses."""
 
     def __init__(self, position: int, msg: Any) -> None:
-        self.position = position  # in the batch, and so in the statuses
+        self.position = position
         self.msg = msg
+
+
+#: ``Delivery(0, msg)`` for the single-message path, without the ``__init__`` frame (0.1 us):
+#: ``delivery = new_delivery(Delivery); delivery.msg = msg``.
+new_delivery = object.__new__
 
 
 class DedupTemplate(Strategy):
@@ -316,7 +324,14 @@ class DedupTemplate(Strategy):
         if status is _CONSUMED or status is _CONSUMING:
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("%r: a duplicate of a %s record", delivery.element, status.value)
-            return self._duplicate(delivery, status)
+            if self.hooks.on_duplicate is not None:
+                return self._duplicate(delivery, status)
+            # _duplicate without the hook, inlined: every duplicate passes here
+            if status is _CONSUMED:
+                delivery.outcome = _DUPLICATE_CONSUMED
+                return SUCCESS
+            delivery.outcome = _DUPLICATE_IN_PROGRESS
+            return LATER
         self._log.log(
             logging.WARNING,
             "%r has a record this library cannot read; consuming without dedup",

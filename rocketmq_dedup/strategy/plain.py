@@ -28,16 +28,16 @@ from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.inflight import InFlight, in_flight
 from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
-from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.metrics import DedupMetrics, StoreOp
+from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
 from rocketmq_dedup.stores.base import Claim, Record
-from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
+from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, new_delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
 logger = logging.getLogger(__name__)
 _new_tuple = tuple.__new__
+_perf_counter = time.perf_counter
 # Enum members read per message, as globals (an Enum attribute costs ~0.1 us on Python 3.11)
 _CONSUMED_OUTCOME, _FAILED_OUTCOME = Outcome.CONSUMED, Outcome.FAILED
 _CLAIM, _MARK_CONSUMED, _RELEASE = StoreOp.CLAIM, StoreOp.MARK_CONSUMED, StoreOp.RELEASE
@@ -56,103 +56,90 @@ class DedupStrategy(DedupTemplate):
     # -- claim ---------------------------------------------------------------------------
 
     def consume_one(self, msg: Any) -> ConsumeStatus:
-        """One message (every classic-client callback): the template's steps without its
-        batch bookkeeping, and with metrics, as few clock reads as the steps allow (the end of
-        one timing is the start of the next). The in-process wait takes the batch path."""
+        """One message (every classic-client callback): the template's steps in one frame,
+        without its batch bookkeeping (the in-process wait takes the batch path). With
+        metrics, as few clock reads as the steps allow (the end of one timing is the start of
+        the next), and a handled message's reports in one call."""
         config = self.config
         snap = config._snapshot or config.snapshot()
         if snap.in_progress_wait_ms:
             return self.consume((msg,))[0]
+        delivery = new_delivery(Delivery)  # Delivery(0, msg), without its __init__ frame
+        delivery.msg = msg
         metrics = snap.metrics
-        if metrics is None:
-            return self._one(Delivery(0, msg), snap, None)
-        delivery = Delivery(0, msg)
-        delivery.started = time.time_ns()
-        status = self._one(delivery, snap, metrics)
-        if delivery.outcome is not None:  # (None: reported with its store calls, by _one)
-            self._decided(metrics, snap, delivery, delivery.started)
-        return status
-
-    def _one(
-        self, delivery: Delivery, snap: Snapshot, metrics: Optional[DedupMetrics]
-    ) -> ConsumeStatus:
-        """:meth:`consume_one`'s steps; the store calls and the handler timed with
-        ``metrics``."""
-        if not self._key(delivery, snap):
-            return delivery.status or self._run(delivery, snap)  # no dedup, or a refused key
-        owner = owner_tokens.next()  # _new_claim, inlined
-        if delivery.fingerprint is not None:
-            owner = with_fingerprint(owner, delivery.fingerprint)
-        claim = _new_tuple(Claim, (delivery.element, owner))
-        store = self.store
-        began = time.perf_counter() if metrics is not None else 0.0
+        started = 0
+        if metrics is not None and snap.metrics_start_time:
+            delivery.started = started = time.time_ns()
         try:
-            result = store.claim(claim, snap.lease_ms)
-        except StoreError as exc:
-            if metrics is not None:
-                self._time_store_call(metrics, snap, _CLAIM, time.perf_counter() - began, False)
-            self._store_failed([delivery], exc, snap)
-            return delivery.status or self._run(delivery, snap)
-        claimed = time.perf_counter() if metrics is not None else 0.0
-        if not result.claimed:  # (no in-process wait on this path: _refused's part is moot)
-            if metrics is not None:
-                self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
-            status = self._duplicate_status(delivery, result.record, snap)
-            return self._run(delivery, snap) if status is None else status
-        delivery.claim = claim
-        keeper = (self._keeper or self._lease_keeper(snap)) if snap.lease_renewal else None
-        if keeper is not None:
-            keeper.hold_one(claim, snap.lease_ms, snap.max_processing_ms)
-        status = LATER
-        try:  # _run, inlined
-            status = run_handler(self.hooks.listener.do_handle_msg, delivery.msg)
-            if status is not SUCCESS and snap.local_retries:
-                status = self._retry_locally(delivery.msg, snap, status)
-        finally:  # whatever happened, the claim is not held past this call
-            if metrics is not None:
-                handled = time.perf_counter()
-                delivery.handler_seconds = handled - claimed
-                delivery.outcome = _CONSUMED_OUTCOME if status is SUCCESS else _FAILED_OUTCOME
-            if keeper is not None:
-                keeper.drop_one(claim)
-            if status is SUCCESS:
-                try:
-                    store.mark_consumed(claim, snap.retention_ms)
-                except StoreError as exc:
-                    self._mark_failed(1, exc)
-                    if metrics is not None:
-                        self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
-                        seconds = time.perf_counter() - handled
-                        self._time_store_call(metrics, snap, _MARK_CONSUMED, seconds, False)
-                else:
-                    if metrics is not None:  # the common case: its three reports in one call
-                        self._handled(snap, delivery, claimed - began, handled)
-            else:
+            if not self._key(delivery, snap):  # no dedup, or a refused key
+                return delivery.status or self._run(delivery, snap)
+            owner = owner_tokens.next()  # _new_claim, inlined
+            if delivery.fingerprint is not None:
+                owner = with_fingerprint(owner, delivery.fingerprint)
+            claim = _new_tuple(Claim, (delivery.element, owner))
+            store = self.store
+            began = _perf_counter() if metrics is not None else 0.0
+            try:
+                result = store.claim(claim, snap.lease_ms)
+            except StoreError as exc:
+                if metrics is not None:
+                    self._time_store_call(metrics, snap, _CLAIM, _perf_counter() - began, False)
+                self._store_failed([delivery], exc, snap)
+                return delivery.status or self._run(delivery, snap)
+            claimed = _perf_counter() if metrics is not None else 0.0
+            if not result.claimed:  # (no in-process wait on this path: _refused's is moot)
                 if metrics is not None:
                     self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
-                self._release_claims((claim,), snap)
-        return status
-
-    def _handled(
-        self, snap: Snapshot, delivery: Delivery, claim_seconds: float, handled: float
-    ) -> None:
-        """Report a message handled and marked: its decision and both store calls' times in
-        one metrics call (:meth:`~rocketmq_dedup.metrics.DedupMetrics.handled`)."""
-        mark_seconds = time.perf_counter() - handled
-        element: DedupElement = delivery.element  # type: ignore[assignment]
-        delivery.outcome = None  # reported here
-        try:
-            snap.metrics_handled(  # type: ignore[misc]
-                snap.application_name,
-                element.topic,
-                delivery.msg,
-                delivery.started,
-                delivery.handler_seconds,
-                claim_seconds,
-                mark_seconds,
-            )
-        except Exception:
-            self._metrics_failed()
+                status = self._duplicate_status(delivery, result.record, snap)
+                return self._run(delivery, snap) if status is None else status
+            keeper = (self._keeper or self._lease_keeper(snap)) if snap.lease_renewal else None
+            if keeper is not None:
+                keeper.hold_one(claim, snap.lease_ms, snap.max_processing_ms)
+            status = LATER
+            try:  # _run, inlined
+                status = run_handler(self.hooks.listener.do_handle_msg, msg)
+                if status is not SUCCESS and snap.local_retries:
+                    status = self._retry_locally(msg, snap, status)
+            finally:  # whatever happened, the claim is not held past this call
+                handled = _perf_counter() if metrics is not None else 0.0
+                if keeper is not None:
+                    keeper.drop_one(claim)
+                if status is SUCCESS:
+                    try:
+                        store.mark_consumed(claim, snap.retention_ms)
+                    except StoreError as exc:
+                        self._mark_failed(1, exc)
+                        if metrics is not None:
+                            self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
+                            seconds = _perf_counter() - handled
+                            self._time_store_call(metrics, snap, _MARK_CONSUMED, seconds, False)
+                            delivery.outcome = _CONSUMED_OUTCOME
+                            delivery.handler_seconds = handled - claimed
+                    else:
+                        if metrics is not None:  # the common case: its three reports at once
+                            marked = _perf_counter()
+                            try:
+                                snap.metrics_handled(  # type: ignore[misc]
+                                    snap.application_name,
+                                    claim[0].topic,
+                                    msg,
+                                    started,
+                                    handled - claimed,
+                                    claimed - began,
+                                    marked - handled,
+                                )
+                            except Exception:
+                                self._metrics_failed()
+                else:
+                    if metrics is not None:
+                        self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
+                        delivery.outcome = _FAILED_OUTCOME
+                        delivery.handler_seconds = handled - claimed
+                    self._release_claims((claim,), snap)
+            return status
+        finally:  # the decision, unless reported above with its store calls
+            if metrics is not None and delivery.outcome is not None:
+                self._decided(metrics, snap, delivery, started)
 
     def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
         """Claim every keyed delivery in one store call; decide the answer of those not

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from typing import Any, List, Optional, Tuple
 
 import pytest
@@ -35,6 +36,7 @@ from rocketmq_dedup.metrics import (
     PrometheusMetrics,
     StoreOp,
 )
+from rocketmq_dedup.metrics._prometheus import HANDLER_BUCKETS, STORE_BUCKETS
 from rocketmq_dedup.stores.base import Claim, DedupStore
 from rocketmq_dedup.testing import ClassicMessage
 from tests.support import otel_points, prometheus_value, wait_for
@@ -316,8 +318,10 @@ def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatc
             reads.append("perf_counter")
             return 0.0
 
+    clock = Clock()
     for module in (rocketmq_dedup.strategy.base, rocketmq_dedup.strategy.plain):
-        monkeypatch.setattr(module, "time", Clock())
+        monkeypatch.setattr(module, "time", clock)
+    monkeypatch.setattr(rocketmq_dedup.strategy.plain, "_perf_counter", clock.perf_counter)
     listener = Listener(DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore()))
     assert listener(ClassicMessage("m1")) is SUCCESS
     assert reads == []
@@ -326,6 +330,45 @@ def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatc
     )
     assert Listener(config)(ClassicMessage("m2")) is SUCCESS
     assert "time_ns" in reads and "perf_counter" in reads
+
+
+def test_a_backend_without_use_for_the_start_time_costs_no_wall_clock_read(
+    app_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metrics object with ``wants_start_time = False`` (PrometheusMetrics) is timed as any
+    other, but the listener reads no wall clock for it and its decisions carry 0."""
+    import rocketmq_dedup.strategy.plain
+
+    reads: List[str] = []
+
+    class Clock:
+        perf_counter = staticmethod(time.perf_counter)
+
+        def time_ns(self) -> int:
+            reads.append("time_ns")
+            return time.time_ns()
+
+    monkeypatch.setattr(rocketmq_dedup.strategy.plain, "time", Clock())
+
+    class NoStartTime(Recorder):
+        wants_start_time = False
+
+    assert PrometheusMetrics.wants_start_time is False
+    metrics = NoStartTime()
+    config = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=metrics)
+    listener = Listener(config)
+    assert [listener(ClassicMessage(i)) for i in ("m1", "m1")] == [SUCCESS, SUCCESS]
+    assert reads == []
+    assert [(d.outcome, d.started_ns) for d in metrics.decisions] == [
+        (Outcome.CONSUMED, 0),
+        (Outcome.DUPLICATE_CONSUMED, 0),
+    ]
+    assert (StoreOp.CLAIM, True) in metrics.ops  # still timed
+
+    wanting = Recorder()
+    config = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore(), metrics=wanting)
+    assert Listener(config)(ClassicMessage("m3")) is SUCCESS
+    assert reads == ["time_ns"] and wanting.decisions[0].started_ns > 0
 
 
 class FastFailingStore(MemoryDedupStore):
@@ -432,6 +475,49 @@ def test_prometheus_handled_counts_as_its_three_calls() -> None:
         )
         == 1_500
     )
+
+
+def test_prometheus_buckets_count_each_value_once_whatever_the_fold_path() -> None:
+    """handled() rows folded by label set: a topic whose values all sit on one bound, a topic
+    whose values spread over every bucket with some exactly on a bound (counted in that
+    bound's ``le`` bucket), two applications; every cumulative bucket, count and sum is what
+    the values give, counted directly."""
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    spread = [*STORE_BUCKETS, 0.00005, 0.0003, 0.07, 2.0]  # bounds themselves, between, +Inf
+    sent: dict = {}  # type: ignore[type-arg]
+    for i in range(1_300):  # > 2 * FOLD_AT
+        app = "a1" if i % 5 else "a2"
+        topic, value = ("SPREAD", spread[i % len(spread)]) if i % 2 else ("FLAT", 0.005)
+        metrics.handled(app, topic, None, 0, value, value, value)
+        sent.setdefault((app, topic), []).append(value)
+    value_of = functools.partial(prometheus_value, registry)
+    for (app, topic), values in sent.items():
+        handler = {"app": app, "topic": topic}
+        for bound in HANDLER_BUCKETS:
+            expected = sum(v <= bound for v in values)
+            assert value_of("rocketmq_dedup_handler_seconds_bucket", **handler, le=repr(bound)) == (
+                expected
+            )
+        assert value_of("rocketmq_dedup_handler_seconds_count", **handler) == len(values)
+        assert value_of("rocketmq_dedup_handler_seconds_sum", **handler) == pytest.approx(
+            sum(values)
+        )
+        assert value_of("rocketmq_dedup_messages_total", **handler, outcome="consumed") == len(
+            values
+        )
+    for app in ("a1", "a2"):
+        values = [v for (a, _), vs in sent.items() if a == app for v in vs]
+        for op in ("claim", "mark_consumed"):
+            store = {"app": app, "op": op}
+            for bound in STORE_BUCKETS:
+                expected = sum(v <= bound for v in values)
+                assert value_of("rocketmq_dedup_store_seconds_bucket", **store, le=repr(bound)) == (
+                    expected
+                )
+            assert value_of("rocketmq_dedup_store_seconds_bucket", **store, le="+Inf") == len(
+                values
+            )
 
 
 class DuckMetrics:
