@@ -36,6 +36,7 @@ RenewalCallback = Callable[[int, int, float, bool], None]
 
 #: A held claim: its lease (ms) and when renewal gives up on it (time.monotonic()).
 _Held = Tuple[Claim, int, float]
+_monotonic = time.monotonic  # (read per message: a module global, not an attribute)
 
 
 class LeaseKeeper:
@@ -92,13 +93,13 @@ class LeaseKeeper:
 
     def hold_one(self, claim: Claim, lease_ms: int, max_processing_ms: int) -> None:
         """:meth:`hold` of one claim (the single-message path, without its loop)."""
-        self._held[claim.owner] = (claim, lease_ms, time.monotonic() + max_processing_ms / 1000)
+        self._held[claim[1]] = (claim, lease_ms, _monotonic() + max_processing_ms / 1000)
         if self._thread is None or lease_ms / 3000 < self._interval:
             self.hold((claim,), lease_ms, max_processing_ms)
 
     def drop_one(self, claim: Claim) -> None:
         """:meth:`drop` of one claim."""
-        self._held.pop(claim.owner, None)
+        self._held.pop(claim[1], None)
 
     def drop(self, claims: Sequence[Claim]) -> None:
         """Stop renewing these claims (the handler finished, or gave up)."""

@@ -126,9 +126,9 @@ def _observe_all(histogram: _Histogram, seconds: Sequence[float]) -> None:
     if not seconds:
         return
     bounds, buckets = histogram.bounds, histogram.buckets
-    first = bisect_left(bounds, min(seconds))
-    if first == bisect_left(bounds, max(seconds)):
-        buckets[first] += len(seconds)
+    last = bisect_left(bounds, max(seconds))
+    if last == 0 or last == bisect_left(bounds, min(seconds)):  # (0: the first bucket holds all)
+        buckets[last] += len(seconds)
     else:
         ordered = sorted(seconds)
         below = 0
@@ -166,6 +166,7 @@ class PrometheusMetrics(DedupMetrics):
         self._decisions: List[Tuple[str, str, Any, Optional[float]]] = []  # _KEPT
         #: handled(): (application, topic, handler, claim and mark seconds)
         self._handled: List[Tuple[str, str, float, float, float]] = []
+        self._append_handled = self._handled.append
         self._timings: Dict[Tuple[str, Any], List[float]] = {}  # (app, StoreOp): pending
         self._messages: Dict[Tuple[str, str, Any], int] = {}
         self._renewals: Dict[str, int] = {}
@@ -200,9 +201,8 @@ class PrometheusMetrics(DedupMetrics):
     ) -> None:
         """:meth:`message` and the two :meth:`store_operation` calls of a handled message, in
         one call and one append, for the next fold."""
-        handled = self._handled
-        handled.append((application, topic, handler_seconds, claim_seconds, mark_seconds))
-        if len(handled) >= FOLD_AT:
+        self._append_handled((application, topic, handler_seconds, claim_seconds, mark_seconds))
+        if len(self._handled) >= FOLD_AT:
             self._fold()
 
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:

@@ -70,6 +70,7 @@ class DedupStrategy(DedupTemplate):
         started = 0
         if metrics is not None and snap.metrics_start_time:
             delivery.started = started = time.time_ns()
+        report = metrics is not None  # the decision, by the finally below (unless reported)
         try:
             if not self._key(delivery, snap):  # no dedup, or a refused key
                 return delivery.status or self._run(delivery, snap)
@@ -118,6 +119,7 @@ class DedupStrategy(DedupTemplate):
                     else:
                         if metrics is not None:  # the common case: its three reports at once
                             marked = _perf_counter()
+                            report = False  # reported here, with its store calls
                             try:
                                 snap.metrics_handled(  # type: ignore[misc]
                                     snap.application_name,
@@ -137,8 +139,8 @@ class DedupStrategy(DedupTemplate):
                         delivery.handler_seconds = handled - claimed
                     self._release_claims((claim,), snap)
             return status
-        finally:  # the decision, unless reported above with its store calls
-            if metrics is not None and delivery.outcome is not None:
+        finally:
+            if report and metrics is not None and delivery.outcome is not None:
                 self._decided(metrics, snap, delivery, started)
 
     def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
