@@ -19,6 +19,7 @@ holds only a weak reference to it), so dropped listeners leave no thread behind.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -49,10 +50,16 @@ class LeaseKeeper:
     def __init__(self, store: DedupStore, on_renewal: Optional[RenewalCallback] = None) -> None:
         self.store = store
         self.on_renewal = on_renewal
-        self._held: Dict[str, _Held] = {}  # by owner token
+        self._held: Dict[str, _Held] = {}  # by owner token; never rebound (drop_owner is its pop)
+        #: ``drop_owner(owner, None)``: stop renewing the claim of that owner token (the handler
+        #: finished). The dict's own ``pop``: the path of every message pays no Python call.
+        self.drop_owner: Callable[[str, None], Optional[_Held]] = self._held.pop
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._interval = 0.0  # the renewal thread's current wait, seconds
+        #: The shortest lease the running thread's interval serves (a third of it); infinite
+        #: while no thread runs, so that a hold of any lease starts one (:meth:`_serve`).
+        self._served_lease_ms = math.inf
         self._wake = threading.Event()  # a shorter lease arrived, or the keeper closed
         self._stop = threading.Event()
         weakref.finalize(self, _stop_thread, self._stop, self._wake)
@@ -69,37 +76,38 @@ class LeaseKeeper:
     def hold(self, claims: Sequence[Claim], lease_ms: int, max_processing_ms: int) -> None:
         """Start renewing these claims, each to ``lease_ms``, until :meth:`drop` or until
         ``max_processing_ms`` from now."""
-        give_up = time.monotonic() + max_processing_ms / 1000
-        interval = lease_ms / 3000
+        give_up = _monotonic() + max_processing_ms / 1000
         held = self._held
         for claim in claims:
             held[claim.owner] = (claim, lease_ms, give_up)  # a dict store: atomic under the GIL
-        if self._thread is None or interval < self._interval:
-            with self._lock:
-                if self._stop.is_set():
-                    return
-                if self._thread is None:
-                    self._interval = interval
-                    self._thread = threading.Thread(
-                        target=_renewal_loop,
-                        args=(weakref.ref(self), self._stop, self._wake),
-                        name="rocketmq-dedup-lease-keeper",
-                        daemon=True,
-                    )
-                    self._thread.start()
-                elif interval < self._interval:
-                    self._interval = interval
-                    self._wake.set()
+        if lease_ms < self._served_lease_ms:
+            self._serve(lease_ms)
 
     def hold_one(self, claim: Claim, lease_ms: int, max_processing_ms: int) -> None:
         """:meth:`hold` of one claim (the single-message path, without its loop)."""
         self._held[claim[1]] = (claim, lease_ms, _monotonic() + max_processing_ms / 1000)
-        if self._thread is None or lease_ms / 3000 < self._interval:
-            self.hold((claim,), lease_ms, max_processing_ms)
+        if lease_ms < self._served_lease_ms:
+            self._serve(lease_ms)
 
-    def drop_one(self, claim: Claim) -> None:
-        """:meth:`drop` of one claim."""
-        self._held.pop(claim[1], None)
+    def _serve(self, lease_ms: int) -> None:
+        """Have a renewal thread serve a lease of ``lease_ms``: start one, or wake it to wait a
+        third of this shorter lease. The claim is already held: a thread that is ending sees it
+        (:meth:`_next_wait`), or its end is seen here."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            if self._thread is None:
+                self._interval, self._served_lease_ms = lease_ms / 3000, lease_ms
+                self._thread = threading.Thread(
+                    target=_renewal_loop,
+                    args=(weakref.ref(self), self._stop, self._wake),
+                    name="rocketmq-dedup-lease-keeper",
+                    daemon=True,
+                )
+                self._thread.start()
+            elif lease_ms < self._served_lease_ms:
+                self._interval, self._served_lease_ms = lease_ms / 3000, lease_ms
+                self._wake.set()
 
     def drop(self, claims: Sequence[Claim]) -> None:
         """Stop renewing these claims (the handler finished, or gave up)."""
@@ -168,14 +176,15 @@ class LeaseKeeper:
         shortest lease held), or None when nothing is held (the thread then ends and the
         next :meth:`hold` starts a new one)."""
         with self._lock:
-            # hold() adds claims without the lock, then starts a thread if it sees none: so
-            # the thread gives up its place first and looks again, and a claim added meanwhile
-            # is either seen here or sees no thread there.
-            self._thread = None
+            # hold() adds claims without the lock, then starts a thread if it sees none served:
+            # so the thread gives up its place first and looks again, and a claim added
+            # meanwhile is either seen here or sees no thread there.
+            self._thread, self._served_lease_ms = None, math.inf
             if not self._held:
                 return None
             self._thread = threading.current_thread()
-            self._interval = min(lease for _, lease, _ in list(self._held.values())) / 3000
+            shortest = min(lease for _, lease, _ in list(self._held.values()))
+            self._interval, self._served_lease_ms = shortest / 3000, shortest
             return self._interval
 
 
@@ -218,6 +227,6 @@ def _after_fork(ref: weakref.ref[LeaseKeeper]) -> None:
     keeper = ref()
     if keeper is not None:
         keeper._lock = threading.Lock()
-        keeper._held = {}
-        keeper._thread = None
+        keeper._held.clear()  # (cleared, not replaced: drop_owner is its pop)
+        keeper._thread, keeper._served_lease_ms = None, math.inf
         keeper._wake = threading.Event()
