@@ -480,8 +480,9 @@ def test_prometheus_handled_counts_as_its_three_calls() -> None:
 def test_prometheus_buckets_count_each_value_once_whatever_the_fold_path() -> None:
     """handled() rows folded by label set: a topic whose values all sit on one bound, a topic
     whose values spread over every bucket with some exactly on a bound (counted in that
-    bound's ``le`` bucket), two applications; every cumulative bucket, count and sum is what
-    the values give, counted directly."""
+    bound's ``le`` bucket), two applications, the claim and mark timings other values than
+    the handler's; every cumulative bucket, count and sum is what the values give, counted
+    directly."""
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry)
     spread = [*STORE_BUCKETS, 0.00005, 0.0003, 0.07, 2.0]  # bounds themselves, between, +Inf
@@ -489,7 +490,7 @@ def test_prometheus_buckets_count_each_value_once_whatever_the_fold_path() -> No
     for i in range(1_300):  # > 2 * FOLD_AT
         app = "a1" if i % 5 else "a2"
         topic, value = ("SPREAD", spread[i % len(spread)]) if i % 2 else ("FLAT", 0.005)
-        metrics.handled(app, topic, None, 0, value, value, value)
+        metrics.handled(app, topic, None, 0, value, value * 0.5, value * 2)
         sent.setdefault((app, topic), []).append(value)
     value_of = functools.partial(prometheus_value, registry)
     for (app, topic), values in sent.items():
@@ -508,15 +509,18 @@ def test_prometheus_buckets_count_each_value_once_whatever_the_fold_path() -> No
         )
     for app in ("a1", "a2"):
         values = [v for (a, _), vs in sent.items() if a == app for v in vs]
-        for op in ("claim", "mark_consumed"):
+        for op, scale in (("claim", 0.5), ("mark_consumed", 2)):
             store = {"app": app, "op": op}
             for bound in STORE_BUCKETS:
-                expected = sum(v <= bound for v in values)
+                expected = sum(v * scale <= bound for v in values)
                 assert value_of("rocketmq_dedup_store_seconds_bucket", **store, le=repr(bound)) == (
                     expected
                 )
             assert value_of("rocketmq_dedup_store_seconds_bucket", **store, le="+Inf") == len(
                 values
+            )
+            assert value_of("rocketmq_dedup_store_seconds_sum", **store) == pytest.approx(
+                sum(values) * scale
             )
 
 
