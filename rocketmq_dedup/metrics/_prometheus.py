@@ -89,13 +89,14 @@ def _columns_by_app_topic(
     if apps.count(apps[0]) == len(apps) and topics.count(topics[0]) == len(topics):
         yield apps[0], topics[0], flat[2::width], flat[3::width], flat[4::width]
         return
-    grouped: Dict[Tuple[str, str], List[Any]] = {}
+    grouped: Dict[Tuple[str, str], List[Any]] = {}  # the three timings of each entry, flat
     for start in range(0, len(flat), width):
         grouped.setdefault((flat[start], flat[start + 1]), []).extend(
             flat[start + 2 : start + width]
         )
+    timings = width - 2
     for (app, topic), group in grouped.items():
-        yield app, topic, group[0::3], group[1::3], group[2::3]
+        yield app, topic, group[0::timings], group[1::timings], group[2::timings]
 
 
 #: Pending entries that make a consumer thread fold them into the totals. Small: a long
@@ -108,6 +109,7 @@ FOLD_AT = 512
 #: container the cyclic GC counts and walks until the fold (0.08 us a message measured); a
 #: tuple extended into the list and dropped at once is not.
 _HANDLED_WIDTH = 5
+_FOLD_AT_HANDLED_VALUES = FOLD_AT * _HANDLED_WIDTH  # (computed once, not per message)
 
 #: What is kept of a Decision until the fold: (application, topic, outcome, handler seconds),
 #: not the message (a pending decision must not keep a message's body alive).
@@ -211,7 +213,7 @@ class PrometheusMetrics(DedupMetrics):
         """:meth:`message` and the two :meth:`store_operation` calls of a handled message, in
         one call and one extend (atomic: a tuple's values land together), for the next fold."""
         self._extend_handled((application, topic, handler_seconds, claim_seconds, mark_seconds))
-        if len(self._handled) >= FOLD_AT * _HANDLED_WIDTH:
+        if len(self._handled) >= _FOLD_AT_HANDLED_VALUES:
             self._fold()
 
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
