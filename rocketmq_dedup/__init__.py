@@ -18,7 +18,15 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.listener import BaseDedupListener, DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome, StoreFailurePolicy
+from rocketmq_dedup.status import (
+    ConsumeStatus,
+    DedupStatus,
+    ExactlyOnceClaim,
+    Outcome,
+    PayloadMismatch,
+    SequenceMode,
+    StoreFailurePolicy,
+)
 from rocketmq_dedup.stores import (
     Claim,
     ClaimResult,
@@ -46,12 +54,15 @@ __all__ = [
     "DedupError",
     "DedupStatus",
     "DedupStore",
+    "ExactlyOnceClaim",
     "MemoryDedupStore",
     "MissingExtraError",
     "MySQLDedupStore",
     "Outcome",
+    "PayloadMismatch",
     "Record",
     "RedisDedupStore",
+    "SequenceMode",
     "StoreError",
     "StoreFailurePolicy",
     "StorePoolExhaustedError",

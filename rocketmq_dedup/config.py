@@ -10,13 +10,30 @@ setting assigned while messages flow applies from the next batch, never half-way
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
-from typing import Any, Callable, Dict, Generic, NamedTuple, Optional, TypeVar, Union, overload
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    NamedTuple,
+    Optional,
+    Type,
+    TypeVar,
+    Union,
+    overload,
+)
 
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.metrics import DedupMetrics
-from rocketmq_dedup.status import StoreFailurePolicy
+from rocketmq_dedup.status import (
+    ExactlyOnceClaim,
+    PayloadMismatch,
+    SequenceMode,
+    StoreFailurePolicy,
+)
 from rocketmq_dedup.stores import STORE_OPTIONS, check_reachable, make_store
 from rocketmq_dedup.stores.base import DedupStore
 
@@ -34,12 +51,6 @@ MAX_DURATION_MS = 36_525 * 86_400_000
 #: The range of a signed 64-bit integer (MySQL's BIGINT): sequence numbers and their start.
 BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
 
-#: ``payload_mismatch`` values: what a duplicate key with a different payload gets.
-PAYLOAD_MISMATCH_ACTIONS = ("warn", "reject")
-#: ``sequence_mode`` values (the exactly-once mode's sequence guard).
-SEQUENCE_MODES = ("strict", "latest")
-#: ``exactly_once_claim`` values (when the exactly-once mode claims a message's key).
-EXACTLY_ONCE_CLAIMS = ("at_commit", "before_handler")
 #: The most ``local_retries`` a message may get before RECONSUME_LATER.
 MAX_LOCAL_RETRIES = 100
 _METRICS_METHODS = ("message", "store_operation", "leases")
@@ -70,10 +81,10 @@ class Snapshot(NamedTuple):
     object without it; None without metrics."""
     metrics_start_time: bool
     """Whether the decisions carry ``started_ns`` (:attr:`DedupMetrics.wants_start_time`)."""
-    reject_payload_mismatch: bool
-    sequence_mode: str
+    payload_mismatch: PayloadMismatch
+    sequence_mode: SequenceMode
     sequence_start: int
-    exactly_once_claim: str
+    exactly_once_claim: ExactlyOnceClaim
     in_progress_wait_ms: int
     local_retries: int
     local_retry_backoff_ms: int
@@ -150,23 +161,21 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[str, Any], str]:
-    def check(name: str, value: Any) -> str:
-        if not isinstance(value, str) or value not in choices:
-            raise DedupConfigError(
-                f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}"
-            )
-        return value
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _choice(kind: Type[E]) -> Callable[[str, Any], E]:
+    """One of the enum's members, given as the member or as its value (the strings users
+    write: ``"reconsume_later"``, ``"before_handler"``)."""
+
+    def check(name: str, value: Any) -> E:
+        try:
+            return kind(value)
+        except ValueError:
+            choices = ", ".join(repr(member.value) for member in kind)
+            raise DedupConfigError(f"{name} must be one of {choices}; got {value!r}") from None
 
     return check
-
-
-def _policy(name: str, value: Any) -> StoreFailurePolicy:
-    try:
-        return StoreFailurePolicy(value)
-    except ValueError:
-        choices = ", ".join(repr(p.value) for p in StoreFailurePolicy)
-        raise DedupConfigError(f"{name} must be one of {choices}; got {value!r}") from None
 
 
 def _metrics(name: str, value: Any) -> Optional[DedupMetrics]:
@@ -194,10 +203,6 @@ def _retries(name: str, value: Any) -> int:
     return value
 
 
-def _reject(name: str, value: Any) -> bool:
-    return _one_of(PAYLOAD_MISMATCH_ACTIONS)(name, value) == "reject"
-
-
 class DedupConfig:
     """Dedup settings of one application (one consumer group, usually).
 
@@ -222,7 +227,7 @@ class DedupConfig:
     )
     store_failure_policy = Setting[Union[str, StoreFailurePolicy]](
         StoreFailurePolicy.CONSUME,
-        _policy,
+        _choice(StoreFailurePolicy),
         "store_failure_policy",
         "What a message gets when the store is unavailable: 'consume' (run the handler "
         "without dedup, a warning logged) or 'reconsume_later' (leave it to the broker's "
@@ -251,14 +256,15 @@ class DedupConfig:
         "Where decisions and timings are reported: None (no metrics call at all) or a "
         "rocketmq_dedup.metrics.DedupMetrics, e.g. PrometheusMetrics.",
     )
-    payload_mismatch = Setting[str](
-        "warn",
-        _reject,
-        "reject_payload_mismatch",
+    payload_mismatch = Setting[Union[str, PayloadMismatch]](
+        PayloadMismatch.WARN,
+        _choice(PayloadMismatch),
+        "payload_mismatch",
         "What a duplicate key whose payload fingerprint differs from the first copy's gets "
         "(listeners that define payload_fingerprint): 'warn' (logged and counted, then "
         "answered as the duplicate it claims to be) or 'reject' (also RECONSUME_LATER, so it "
         "ends in the DLQ for a human to look at).",
+        reads_checked=True,
     )
     in_progress_wait_milli_seconds = Setting[float](
         0,
@@ -283,21 +289,22 @@ class DedupConfig:
         "local_retry_backoff_ms",
         "The wait before the first local retry, in ms; each next one waits twice as long.",
     )
-    exactly_once_claim = Setting[str](
-        "at_commit",
-        _one_of(EXACTLY_ONCE_CLAIMS),
+    exactly_once_claim = Setting[Union[str, ExactlyOnceClaim]](
+        ExactlyOnceClaim.AT_COMMIT,
+        _choice(ExactlyOnceClaim),
         "exactly_once_claim",
         "When TransactionalDedupListener claims a key: 'at_commit' (the record is written "
         "with the COMMIT, no round trip before the handler) or 'before_handler' (a named "
         "lock and a look-up before the handler: a duplicate from any consumer is answered "
         "at once). Ignored by the plain listener.",
     )
-    sequence_mode = Setting[str](
-        "strict",
-        _one_of(SEQUENCE_MODES),
+    sequence_mode = Setting[Union[str, SequenceMode]](
+        SequenceMode.STRICT,
+        _choice(SequenceMode),
         "sequence_mode",
         "The sequence guard's rule (TransactionalDedupListener.sequence_key): 'strict' "
         "(apply in order, wait for gaps) or 'latest' (apply anything newer, skip the rest).",
+        reads_checked=True,
     )
     sequence_start = Setting[int](
         1,

@@ -32,6 +32,36 @@ class StoreFailurePolicy(enum.StrEnum):
     """Answer RECONSUME_LATER and leave the message to the broker's retry."""
 
 
+class ExactlyOnceClaim(enum.StrEnum):
+    """When :class:`~rocketmq_dedup.TransactionalDedupListener` claims a message's key (the
+    ``exactly_once_claim`` setting)."""
+
+    AT_COMMIT = "at_commit"
+    """The record is written with the COMMIT: no round trip before the handler. The default."""
+    BEFORE_HANDLER = "before_handler"
+    """A named lock and a look-up before the handler: a twin in any consumer is answered at
+    once."""
+
+
+class SequenceMode(enum.StrEnum):
+    """The exactly-once mode's sequence guard rule (the ``sequence_mode`` setting)."""
+
+    STRICT = "strict"
+    """Apply an entity's steps in order; a step ahead of the next waits (RECONSUME_LATER)."""
+    LATEST = "latest"
+    """Apply any step newer than the last applied; acknowledge the rest without the handler."""
+
+
+class PayloadMismatch(enum.StrEnum):
+    """What a duplicate key whose payload differs from the first copy's gets (the
+    ``payload_mismatch`` setting)."""
+
+    WARN = "warn"
+    """Logged and counted, then answered as the duplicate it claims to be. The default."""
+    REJECT = "reject"
+    """Logged, counted and answered RECONSUME_LATER (it ends in the DLQ for a human)."""
+
+
 class Outcome(enum.StrEnum):
     """What the listener decided for one message: the decision vocabulary of the strategies, and
     the ``outcome`` label of the metrics."""

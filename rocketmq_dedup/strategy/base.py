@@ -30,7 +30,13 @@ from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.message import DedupElement, message_topic, message_topic_tag
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.owner import fingerprint_in, fingerprint_of
-from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome, StoreFailurePolicy
+from rocketmq_dedup.status import (
+    ConsumeStatus,
+    DedupStatus,
+    Outcome,
+    PayloadMismatch,
+    StoreFailurePolicy,
+)
 from rocketmq_dedup.stores.base import Claim, DedupStore, Record
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, KeyRefused, key_text, run_handler
 
@@ -347,7 +353,7 @@ class DedupTemplate(Strategy):
         (and counted); with ``payload_mismatch="reject"`` answered RECONSUME_LATER so that it
         ends in the DLQ for a human to look at, else answered as the duplicate it claims to be.
         """
-        reject = snap.reject_payload_mismatch
+        reject = snap.payload_mismatch is PayloadMismatch.REJECT
         self._log.log(
             logging.WARNING,
             "%r: a duplicate key with a different payload (a producer reusing a key?); %s",

@@ -44,7 +44,13 @@ from rocketmq_dedup.inflight import InFlight, in_flight
 from rocketmq_dedup.message import DedupElement, reconsume_times
 from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.owner import owner_tokens, with_fingerprint
-from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
+from rocketmq_dedup.status import (
+    ConsumeStatus,
+    DedupStatus,
+    ExactlyOnceClaim,
+    Outcome,
+    SequenceMode,
+)
 from rocketmq_dedup.stores.base import Record
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from rocketmq_dedup.stores.mysql.transaction import KeyLock, Transaction
@@ -195,7 +201,7 @@ class TransactionalStrategy(DedupTemplate):
         the COMMIT. Returns the answer with the transaction committed or rolled back; raises
         what a statement of the dedup layer raised (the caller rolls back)."""
         element = delivery.element
-        if element is not None and snap.exactly_once_claim == "before_handler":
+        if element is not None and snap.exactly_once_claim is ExactlyOnceClaim.BEFORE_HANDLER:
             lock = tx.lock_key(element)
             if lock is not KeyLock.TAKEN:
                 tx.rollback()
@@ -360,7 +366,7 @@ class TransactionalStrategy(DedupTemplate):
 
     @staticmethod
     def _verdict(last: Optional[int], seq: int, snap: Snapshot) -> _Verdict:
-        if snap.sequence_mode == "latest":
+        if snap.sequence_mode is SequenceMode.LATEST:
             return _Verdict.RUN if last is None or seq > last else _Verdict.STALE
         expected = snap.sequence_start if last is None else last + 1
         if seq == expected:
