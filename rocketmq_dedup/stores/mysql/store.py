@@ -23,17 +23,18 @@ from rocketmq_dedup.stores.base import (
     parse_status,
     round_trip,
 )
-from rocketmq_dedup.stores.mysql.pool import (
-    ConnectionPool,
+from rocketmq_dedup.stores.mysql.connection import (
     MySQLdbRunner,
     Runner,
     close_quietly,
     column_text,
-    is_connection_error,
     is_mysqlclient,
     prepare_connection,
     type_name,
 )
+from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error
+from rocketmq_dedup.stores.mysql.pool import ConnectionPool
+from rocketmq_dedup.stores.mysql.rows import readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
     CHECK_SQL,
     CLAIM_ROW,
@@ -46,6 +47,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
     MARK_SQL,
+    OWNED_DELETE_SQL,
     PURGE_SCAN_SQL,
     PURGE_SQL,
     RELEASE_SQL,
@@ -59,12 +61,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     sequence_table_name,
     validate_table_name,
 )
-from rocketmq_dedup.stores.mysql.transaction import (
-    TransactionFactory,
-    guard_engine,
-    readable,
-    record_row,
-)
+from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +145,7 @@ class MySQLDedupStore(DedupStore):
             "purge_scan": PURGE_SCAN_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
             "mark": MARK_SQL.format(table=table),
+            "owned_delete": OWNED_DELETE_SQL.format(table=table),
         }
         self._table = table
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
@@ -159,12 +157,14 @@ class MySQLDedupStore(DedupStore):
         #: The exactly-once mode's transactions (:mod:`.transaction`): their own pool (opened on
         #: first use), so a transaction held for a whole handler never starves claims, marks
         #: and lease renewal.
-        self.transactions = TransactionFactory(
+        self.transactions: MySQLTransactions = MySQLTransactions(
             self._open_runner,
             table_name,
             self.sequence_table_name,
             pool_size,
             float(pool_timeout),
+            self.describe,
+            self._remove_record,
         )
 
     @classmethod
@@ -185,6 +185,8 @@ class MySQLDedupStore(DedupStore):
             fairy = engine.raw_connection()
             fairy.detach()  # closing it now closes the DB-API connection, never pools it
             return fairy.dbapi_connection
+
+        from rocketmq_dedup.stores.mysql.sqlalchemy_guard import guard_engine
 
         store = cls(connect, **options)
         store.transactions.engine = engine
@@ -213,6 +215,10 @@ class MySQLDedupStore(DedupStore):
 
     def is_outage(self, exc: BaseException) -> bool:
         return is_connection_error(exc)
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """Outages, lock conflicts and defects told apart (:mod:`.errors`)."""
+        return as_store_error(exc, self.describe())
 
     # -- connections ---------------------------------------------------------------------
 
@@ -443,6 +449,12 @@ class MySQLDedupStore(DedupStore):
             table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(claims))
         )
         runner.run(sql, params, False)
+
+    def _remove_record(self, element: DedupElement, owner: str) -> None:
+        """Delete ``element``'s record if ``owner`` wrote it, whatever its status (the
+        exactly-once mode's undo of a record committed on the wrong session)."""
+        params = (element_digest(element), owner)
+        self._call(self._op, self._run, self._sql["owned_delete"], params)
 
     def do_release(self, claim: Claim) -> bool:
         return self._op(self._delete_claims, [claim]) == 1
