@@ -86,7 +86,7 @@ class TransactionalDedupListener(BaseDedupListener):
     """
 
     def __init__(self, dedup_config: DedupConfig) -> None:
-        store = getattr(dedup_config, "persist", None)
+        store: Optional[DedupStore] = getattr(dedup_config, "persist", None)
         transactions = transactions_of(store) if isinstance(store, DedupStore) else None
         if not isinstance(dedup_config, DedupConfig) or transactions is None:
             got = "no config" if dedup_config is None else f"a config whose store is {store!r}"
@@ -97,6 +97,7 @@ class TransactionalDedupListener(BaseDedupListener):
                 f"{got}"
             )
         if self._has_sequence_key() and not transactions.supports_sequences:
+            assert store is not None
             raise DedupConfigError(
                 f"{store.describe()} has no sequence table (<table>_seq must fit 64 "
                 "characters): sequence_key cannot be used with it"
