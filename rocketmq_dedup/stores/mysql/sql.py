@@ -63,8 +63,6 @@ SELECT_SQL = (
 RELEASE_SQL = (
     "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
 )
-# Deletes a record only if the given owner wrote it, whatever its status.
-OWNED_DELETE_SQL = "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s"
 MARK_SQL = (
     f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, "
     f"expire_time = {NOW_MS} + %s WHERE dedup_key = %s"

@@ -47,7 +47,6 @@ from rocketmq_dedup.stores.mysql.sql import (
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
     MARK_SQL,
-    OWNED_DELETE_SQL,
     PURGE_SCAN_SQL,
     PURGE_SQL,
     RELEASE_SQL,
@@ -145,7 +144,6 @@ class MySQLDedupStore(DedupStore):
             "purge_scan": PURGE_SCAN_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
             "mark": MARK_SQL.format(table=table),
-            "owned_delete": OWNED_DELETE_SQL.format(table=table),
         }
         self._table = table
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
@@ -164,7 +162,6 @@ class MySQLDedupStore(DedupStore):
             pool_size,
             float(pool_timeout),
             self.describe,
-            self._remove_record,
         )
 
     @classmethod
@@ -449,12 +446,6 @@ class MySQLDedupStore(DedupStore):
             table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(claims))
         )
         runner.run(sql, params, False)
-
-    def _remove_record(self, element: DedupElement, owner: str) -> None:
-        """Delete ``element``'s record if ``owner`` wrote it, whatever its status (the
-        exactly-once mode's undo of a record committed on the wrong session)."""
-        params = (element_digest(element), owner)
-        self._call(self._op, self._run, self._sql["owned_delete"], params)
 
     def do_release(self, claim: Claim) -> bool:
         return self._op(self._delete_claims, [claim]) == 1

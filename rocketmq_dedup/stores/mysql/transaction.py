@@ -20,13 +20,16 @@ Two kinds, picked by :class:`MySQLTransactions`:
   ``Connection`` (its ``commit()``/``rollback()``/``close()`` refused: :mod:`.sqlalchemy_guard`),
   and the dedup statements run on it.
 
-A transaction commits only on the session it began, in a transaction. After the handler (and
-again after the COMMIT) the session is checked with what the driver knows without a round trip
+A transaction commits only on the session it began, in a transaction. After the handler the
+session is checked with what the driver knows without a round trip
 (:func:`~.connection.session_id`, :func:`~.connection.autocommit_on`): a session that changed
 (a reconnect) or that is in autocommit mode (``SET autocommit = 1`` sent as SQL text) is
-misuse: rolled back, RECONSUME_LATER, and the connection is never given to another message.
-mysql-connector-python keeps no autocommit status; there the session is asked (one round trip)
-only when the handler left no transaction open.
+misuse: rolled back, RECONSUME_LATER, and the connection is never given to another message
+(checked again when it is given back). mysql-connector-python keeps no autocommit status; there
+the session is asked (one round trip) only when the handler left no transaction open. A driver
+that reconnects by itself (mysqlclient with its reconnect option on) never does so while a
+transaction is open (the client libraries refuse to): the COMMIT then fails as a lost
+connection.
 
 Each transaction connection's session idle timeout (``wait_timeout``) is the longest an attempt
 may hold its key: a consumer frozen in its handler leaves its session idle, and the server ends
@@ -118,11 +121,6 @@ class TransactionSql(NamedTuple):
         )
 
 
-#: Deletes the record a transaction committed on a session it did not begin (see
-#: :meth:`MySQLTransaction._check_committed_session`): the store's, through its own pool.
-RemoveRecord = Callable[[DedupElement, str], None]
-
-
 class MySQLTransactions(TransactionSource):
     """Opens the exactly-once mode's transactions: owns the pool of transaction connections
     (apart from the store's pool, so a transaction held for a whole handler never starves
@@ -131,7 +129,6 @@ class MySQLTransactions(TransactionSource):
     :param open_runner: opens a new prepared connection (the store's).
     :param sequence_table: the ``<table>_seq`` table; None: no sequence guard.
     :param describe: the store's description, for errors.
-    :param remove_record: deletes a record by its owner token (the store's, autocommit).
     """
 
     def __init__(
@@ -142,11 +139,9 @@ class MySQLTransactions(TransactionSource):
         pool_size: int,
         pool_timeout: float,
         describe: Callable[[], str],
-        remove_record: RemoveRecord,
     ) -> None:
         self._open_runner = open_runner
         self.describe = describe
-        self.remove_record = remove_record
         self.engine: Any = None  # a SQLAlchemy Engine to run transactions on instead
         self.pool = ConnectionPool(self._open_tx_runner, pool_size, pool_timeout)
         self.sql = TransactionSql.for_tables(table, sequence_table)
@@ -293,7 +288,6 @@ class MySQLTransaction(Transaction):
     def commit(self) -> None:
         self._io(self._commit_after, [])
         self._open = False
-        self._check_committed_session(None, "")
 
     def close(self) -> None:
         if self._open:
@@ -394,7 +388,6 @@ class MySQLTransaction(Transaction):
                     raise
             else:
                 self._open = False
-                self._check_committed_session(element, owner)
                 return None
             (rows,) = self._run_all([(self.sql.lock_record, (digest,))])
             if not rows:  # deleted meanwhile (an operator): write it again
@@ -407,32 +400,6 @@ class MySQLTransaction(Transaction):
             self._run_all([(self.sql.delete_expired, (digest,))])
             statements = [insert]  # the sequence update (if any) is already done
         raise AssertionError("unreachable")  # pragma: no cover
-
-    def _check_committed_session(self, element: Optional[DedupElement], owner: str) -> None:
-        """After the COMMIT: a session that changed meanwhile means the driver reconnected by
-        itself (a reconnect option the handler set on the raw connection) and ran the record
-        and the COMMIT on a new session, while the lost one rolled the handler's writes back.
-        The record must not stand alone: it is deleted (it carries this attempt's owner
-        token), and the message retried."""
-        misuse = self._session_changed()
-        if misuse is None:
-            return
-        self.misused = misuse
-        try:
-            if element is not None:
-                self.source.remove_record(element, owner)
-        except Exception:
-            logger.error(
-                "%r: the COMMIT ran on a new session (the connection %s) and its record could "
-                "not be removed; a redelivery will be acked without the handler's writes",
-                element,
-                misuse,
-                exc_info=True,
-            )
-        raise TransactionMisuseError(
-            f"the transaction's connection {misuse} during the COMMIT: its record was removed "
-            "and the message will be consumed again"
-        )
 
     def _end_statements(self, end: Tuple[str, Sequence[Any]]) -> Statements:
         """``end`` (COMMIT or ROLLBACK), then the release of the named lock, if held."""
