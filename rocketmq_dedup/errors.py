@@ -37,10 +37,20 @@ class StorePoolExhaustedError(StoreError):
     threads; the original error, if any, is chained as ``__cause__``."""
 
 
+class StoreLockConflictError(StoreError):
+    """A statement of the dedup layer waited too long for a lock another session holds, or was
+    chosen as a deadlock's victim (MySQL/MariaDB 1205 and 1213): two copies of a message, or two
+    steps of one entity, met in the database. The server is up, so this is not an outage: the
+    listener answers RECONSUME_LATER (the other transaction goes on), logs it as what it is and
+    counts it apart (outcome ``lock_conflict``). Chained to the driver's error."""
+
+
 class TransactionMisuseError(DedupError):
     """An exactly-once handler tried to end or reconfigure the transaction it was given
-    (``commit()``, ``rollback()``, ``close()``, autocommit), or the connection is in autocommit
-    mode. The listener rolls the transaction back and answers RECONSUME_LATER."""
+    (``commit()``, ``rollback()``, ``close()``, autocommit, a reconnecting ``ping``), or left its
+    session unfit to commit: in autocommit mode, or not the session the transaction began on (a
+    reconnect). The listener rolls the transaction back, answers RECONSUME_LATER, and never
+    gives that connection to another message."""
 
 
 class MissingExtraError(DedupError, ImportError):

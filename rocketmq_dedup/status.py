@@ -86,6 +86,10 @@ class Outcome(enum.StrEnum):
     STORE_ERROR_CONSUMED = "store_error_consumed"
     """The store was unavailable (or held a record it cannot read) and the policy is
     ``consume``: the handler ran without dedup."""
+    LOCK_CONFLICT = "lock_conflict"
+    """A statement of the dedup layer timed out waiting for a row lock, or lost a deadlock
+    (another copy of the message, or another step of its entity, held the lock): RECONSUME_LATER.
+    Not an outage."""
     STORE_ERROR_LATER = "store_error_later"
     """The store was unavailable under the ``reconsume_later`` policy, or failed with a defect:
     RECONSUME_LATER."""

@@ -61,9 +61,9 @@ from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.errors import DedupConfigError, TransactionMisuseError
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.listener import BaseDedupListener
-from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.strategy.base import Strategy
-from rocketmq_dedup.strategy.exactly_once import TransactionalStrategy
+from rocketmq_dedup.strategy.exactly_once import TransactionalStrategy, transactions_of
 
 
 class TransactionalDedupListener(BaseDedupListener):
@@ -86,8 +86,9 @@ class TransactionalDedupListener(BaseDedupListener):
     """
 
     def __init__(self, dedup_config: DedupConfig) -> None:
-        store = getattr(dedup_config, "persist", None)
-        if not isinstance(dedup_config, DedupConfig) or not isinstance(store, MySQLDedupStore):
+        store: Optional[DedupStore] = getattr(dedup_config, "persist", None)
+        transactions = transactions_of(store) if isinstance(store, DedupStore) else None
+        if not isinstance(dedup_config, DedupConfig) or transactions is None:
             got = "no config" if dedup_config is None else f"a config whose store is {store!r}"
             raise DedupConfigError(
                 f"{type(self).__name__} needs a DedupConfig with dedup enabled on the MySQL "
@@ -95,10 +96,11 @@ class TransactionalDedupListener(BaseDedupListener):
                 f"database), since the dedup record commits in the handler's transaction; got "
                 f"{got}"
             )
-        if self._has_sequence_key() and store.sequence_table_name is None:
+        if self._has_sequence_key() and not transactions.supports_sequences:
+            assert store is not None
             raise DedupConfigError(
-                f"table_name {store.table_name!r} is too long for a sequence table "
-                "(<table>_seq must fit 64 characters)"
+                f"{store.describe()} has no sequence table (<table>_seq must fit 64 "
+                "characters): sequence_key cannot be used with it"
             )
         super().__init__(dedup_config)
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence
 
 from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.config import DedupConfig, Snapshot
-from rocketmq_dedup.errors import StoreError, StoreUnavailableError
+from rocketmq_dedup.errors import StoreError, StoreLockConflictError, StoreUnavailableError
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.message import DedupElement, message_topic, message_topic_tag
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
@@ -278,7 +278,19 @@ class DedupTemplate(Strategy):
     def _store_failed(self, deliveries: List[Delivery], exc: StoreError, snap: Snapshot) -> None:
         """The store could not decide for ``deliveries``: an outage applies the policy (run
         without dedup, or RECONSUME_LATER: :meth:`_outage_runs_without_dedup`); a defect is
-        RECONSUME_LATER, logged as an error."""
+        RECONSUME_LATER, logged as an error; a lock conflict is RECONSUME_LATER, logged as
+        what it is (another session held the record's lock)."""
+        if isinstance(exc, StoreLockConflictError):
+            self._log.log(
+                logging.WARNING,
+                "a dedup store statement timed out waiting for a lock or lost a deadlock (%s); "
+                "%d message(s) will be consumed later",
+                exc,
+                len(deliveries),
+            )
+            for delivery in deliveries:
+                delivery.status, delivery.outcome = LATER, Outcome.LOCK_CONFLICT
+            return
         if not isinstance(exc, StoreUnavailableError):
             self._log.log(
                 logging.ERROR,

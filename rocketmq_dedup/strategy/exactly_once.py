@@ -1,6 +1,8 @@
 """The exactly-once decisions of :class:`~rocketmq_dedup.TransactionalDedupListener`: the
-handler's writes and the dedup record commit in one transaction (the I/O is the MySQL store's
-:class:`~rocketmq_dedup.stores.mysql.transaction.TransactionFactory`).
+handler's writes and the dedup record commit in one transaction. The I/O is the store's
+transaction port (:mod:`rocketmq_dedup.stores.transaction`; MySQL's is
+:class:`~rocketmq_dedup.stores.mysql.transaction.MySQLTransactions`), so the decisions are
+tested without a server.
 
 Per message, with ``exactly_once_claim="at_commit"`` (the default)::
 
@@ -14,13 +16,17 @@ Per message, with ``exactly_once_claim="at_commit"`` (the default)::
                                             a copy that committed first wins, the other is
                                             rolled back and acked as its duplicate.
 
-With ``"before_handler"`` the transaction starts with the key's look-up and named lock (one
-round trip): a CONSUMED record -> acked; a lock another session holds -> RECONSUME_LATER at
-once, whatever locks that copy's transaction holds; else the handler runs holding the lock,
-which the COMMIT's round trip frees.
+With ``"before_handler"`` the transaction starts with the key's lock, taken without waiting,
+and only then the look-up of its record (one round trip on a connection that takes several
+statements; the entity's sequence row, if any, is locked between the two): a lock another
+session holds -> RECONSUME_LATER at once, whatever locks that copy's transaction holds; a
+CONSUMED record -> acked; else the handler runs holding the lock, which the COMMIT's round trip
+frees. Lock first, then read: a copy that committed and freed the lock is always seen.
 
-Never "consume without dedup": a store outage, a refused record this library cannot read, a
-sequence key that fails are all RECONSUME_LATER.
+Never "consume without dedup": a store outage, a lock conflict (outcome ``lock_conflict``), a
+refused record this library cannot read, a sequence key that fails are all RECONSUME_LATER. A
+handler that ends, leaves or breaks its transaction (``commit()``, autocommit, a reconnect) is
+rolled back and its message retried.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from rocketmq_dedup.config import DedupConfig, Snapshot, fits_bigint
 from rocketmq_dedup.errors import (
     DedupConfigError,
     StoreError,
+    StoreLockConflictError,
     StoreUnavailableError,
     TransactionMisuseError,
 )
@@ -51,9 +58,13 @@ from rocketmq_dedup.status import (
     Outcome,
     SequenceMode,
 )
-from rocketmq_dedup.stores.base import Record
-from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from rocketmq_dedup.stores.mysql.transaction import KeyLock, Transaction
+from rocketmq_dedup.stores.base import DedupStore, Record
+from rocketmq_dedup.stores.transaction import (
+    Entity,
+    SequenceStep,
+    Transaction,
+    TransactionSource,
+)
 from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, answer
 
@@ -79,14 +90,24 @@ class _Verdict(enum.Enum):
 SequenceKey = Union[None, Tuple[str, int], _Bad]
 
 
+def transactions_of(store: DedupStore) -> Optional[TransactionSource]:
+    """The store's transaction port, if it supports the exactly-once mode."""
+    transactions = getattr(store, "transactions", None)
+    return transactions if isinstance(transactions, TransactionSource) else None
+
+
 class TransactionalStrategy(DedupTemplate):
-    """The exactly-once decisions (module docstring) on the consume template."""
+    """The exactly-once decisions (module docstring) on the consume template, over the store's
+    transaction port (:mod:`rocketmq_dedup.stores.transaction`)."""
 
     def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
         super().__init__(config, hooks)
-        if not isinstance(self.store, MySQLDedupStore):  # checked by the listener too
-            raise DedupConfigError("the exactly-once mode needs the MySQL store")
-        self.mysql: MySQLDedupStore = self.store
+        transactions = transactions_of(self.store)
+        if transactions is None:  # checked by the listener too
+            raise DedupConfigError(
+                f"the exactly-once mode needs a store with transactions; got {self.store!r}"
+            )
+        self.transactions: TransactionSource = transactions
         self._in_flight: InFlight = in_flight(self.store)
         self._recent: collections.OrderedDict[DedupElement, None] = collections.OrderedDict()
         self._recent_lock = threading.Lock()
@@ -126,8 +147,8 @@ class TransactionalStrategy(DedupTemplate):
         return held
 
     def _refused(self, delivery: Delivery, record: Record, snap: Snapshot) -> ConsumeStatus:
-        """The answer for a message whose key has another attempt's record (or is locked by
-        one): never "run without dedup" here, so an unreadable record is RECONSUME_LATER."""
+        """The answer for a message whose key has another attempt's record: never "run
+        without dedup" here, so an unreadable record is RECONSUME_LATER."""
         status = self._duplicate_status(delivery, record, snap)
         if status is None:
             delivery.outcome = Outcome.STORE_ERROR_LATER
@@ -159,35 +180,29 @@ class TransactionalStrategy(DedupTemplate):
         return self._transact(delivery, snap)
 
     def _transact(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
-        """One transaction for one message; returns its answer, the transaction committed or
-        rolled back."""
+        """One transaction for one message: its answer, the transaction committed or rolled
+        back (by ``close``, whatever happened)."""
         sequence = self._sequence_key(delivery)
         if sequence is _Bad.BAD:
             delivery.outcome = Outcome.KEY_ERROR
             return LATER
         try:
-            tx = self.mysql.transactions.begin(max(1, -(-snap.hold_ms // 1000)))
+            tx = self.transactions.begin(max(1, -(-snap.hold_ms // 1000)))
         except TransactionMisuseError as exc:  # an engine in autocommit mode
             self._log.log(logging.ERROR, "%s; the message will be consumed later", exc)
             delivery.outcome = Outcome.STORE_ERROR_LATER
             return LATER
-        except Exception as exc:
+        except StoreError as exc:
             self._transaction_failed(delivery, exc)
             return LATER
-        done = False  # committed or rolled back
         try:
-            status = self._in_transaction(delivery, tx, sequence, snap)
-            done = True
-            return status
-        except Exception as exc:  # the transaction's own statements failed
+            return self._in_transaction(delivery, tx, sequence, snap)
+        except TransactionMisuseError as exc:  # found at the commit
+            return self._misused(delivery, str(exc))
+        except StoreError as exc:  # a statement of the dedup layer failed
             self._transaction_failed(delivery, exc)
             return self._after_failure(delivery, snap)
-        except BaseException:
-            tx.broken = True  # interrupted mid-statement, maybe: never reuse the connection
-            raise
         finally:
-            if not done:
-                tx.rollback()
             tx.close()
 
     def _in_transaction(
@@ -197,89 +212,104 @@ class TransactionalStrategy(DedupTemplate):
         sequence: Optional[Tuple[str, int]],
         snap: Snapshot,
     ) -> ConsumeStatus:
-        """Inside the open transaction: [key lock], [sequence guard], handler, the record with
-        the COMMIT. Returns the answer with the transaction committed or rolled back; raises
-        what a statement of the dedup layer raised (the caller rolls back)."""
+        """Inside the open transaction, a chain of steps: [the key, before the handler],
+        [the sequence guard], the handler, the record with the COMMIT."""
         element = delivery.element
+        entity = Entity(snap.application_name, sequence[0]) if sequence is not None else None
+        last: Optional[int] = None
         if element is not None and snap.exactly_once_claim is ExactlyOnceClaim.BEFORE_HANDLER:
-            lock = tx.lock_key(element)
-            if lock is not KeyLock.TAKEN:
-                tx.rollback()
-                if lock is KeyLock.HELD:
-                    return self._duplicate(delivery, DedupStatus.CONSUMING)
-                return self._refused(delivery, tx.found, snap)  # type: ignore[arg-type]
+            key = tx.claim_key(element, entity)
+            if not key.taken:
+                return self._duplicate(delivery, DedupStatus.CONSUMING)
+            if key.record is not None:
+                return self._refused(delivery, key.record, snap)
+            last = key.last_seq
+        elif entity is not None:
+            last = tx.lock_sequence(entity)
         verdict = _Verdict.RUN
         if sequence is not None:
-            entity, seq = sequence
-            verdict = self._verdict(tx.lock_sequence(snap.application_name, entity), seq, snap)
+            verdict = self._verdict(last, sequence[1], snap)
             if verdict is _Verdict.GAP:
-                logger.debug("%r: seq %d is ahead of the entity's next; later", entity, seq)
-                tx.rollback()
+                logger.debug("%r: seq %d is ahead of the entity's next; later", *sequence)
                 delivery.outcome = Outcome.SEQUENCE_GAP
                 return LATER
             if verdict is _Verdict.STALE:
-                logger.debug("%r: seq %d already applied or superseded; acking", entity, seq)
+                logger.debug("%r: seq %d already applied or superseded; acking", *sequence)
         if verdict is _Verdict.RUN:
-            status = self._run_handler(delivery, tx, snap.metrics is not None)
-            misuse = tx.ended_by_handler()
-            if misuse is not None:
-                self._log.log(
-                    logging.ERROR,
-                    "do_handle_msg called %s on its connection; the transaction was rolled "
-                    "back and the message will be consumed later (return True to commit, "
-                    "False or raise to roll back)",
-                    misuse,
-                )
-                tx.rollback()
-                delivery.outcome = Outcome.FAILED
-                return LATER
+            status = self._handle(delivery, tx, snap)
             if status is not SUCCESS:
-                tx.rollback()
-                delivery.outcome = Outcome.FAILED
-                return LATER
+                return status
         if element is None:  # no dedup key: the handler's writes alone
             tx.commit()
             return SUCCESS
-        update = None
-        if sequence is not None and verdict is _Verdict.RUN:
-            update = (snap.application_name, sequence[0], sequence[1])
+        applied = None
+        if entity is not None and verdict is _Verdict.RUN:
+            applied = SequenceStep(entity, sequence[1])  # type: ignore[index]
+        return self._commit(delivery, tx, element, applied, verdict, snap)
+
+    def _handle(self, delivery: Delivery, tx: Transaction, snap: Snapshot) -> ConsumeStatus:
+        """The handler in the transaction: its answer, or LATER when it raised or broke the
+        transaction (ended it, switched it to autocommit, reconnected)."""
+        begin = time.perf_counter() if snap.metrics is not None else 0.0
+        try:
+            result = tx.run_handler(self.hooks.listener.do_handle_msg, delivery.msg)
+        except TransactionMisuseError:  # refused in the handler, which let it propagate
+            result = None
+        except Exception:
+            logger.exception(
+                "do_handle_msg raised; its transaction is rolled back and the message "
+                "will be consumed later"
+            )
+            delivery.outcome = Outcome.FAILED
+            return LATER
+        finally:
+            if snap.metrics is not None:
+                delivery.handler_seconds = time.perf_counter() - begin
+        misuse = tx.misuse()
+        if misuse is not None:
+            return self._misused(delivery, f"do_handle_msg {misuse}")
+        status = SUCCESS if result is True else answer(result, commit=True)
+        if status is not SUCCESS:
+            delivery.outcome = Outcome.FAILED
+        return status
+
+    def _misused(self, delivery: Delivery, what: str) -> ConsumeStatus:
+        """The handler ended, left or broke its transaction: rolled back, never reused, and
+        the message consumed later."""
+        self._log.log(
+            logging.ERROR,
+            "%s; the transaction was rolled back and the message will be consumed later "
+            "(return True to commit, False or raise to roll back)",
+            what,
+        )
+        delivery.outcome = Outcome.FAILED
+        return LATER
+
+    def _commit(
+        self,
+        delivery: Delivery,
+        tx: Transaction,
+        element: DedupElement,
+        applied: Optional[SequenceStep],
+        verdict: _Verdict,
+        snap: Snapshot,
+    ) -> ConsumeStatus:
+        """The CONSUMED record with the COMMIT; a record of another copy refuses it (this one
+        is rolled back and answered as that copy's duplicate)."""
         owner = owner_tokens.next()
         if delivery.fingerprint is not None:
             owner = with_fingerprint(owner, delivery.fingerprint)
         refused = self._store_call(
-            snap, StoreOp.COMMIT, tx.commit_record, element, owner, snap.retention_ms, update
+            snap, StoreOp.COMMIT, tx.commit_record, element, owner, snap.retention_ms, applied
         )
-        if refused is not None:  # another copy's record: this one must not commit
-            tx.rollback()
+        if refused is not None:
             logger.info("%r was recorded by another attempt; rolled back", element)
-            return self._refused(delivery, refused.record, snap)
+            return self._refused(delivery, refused, snap)
         self._remember(element)
         if verdict is _Verdict.STALE:
             return self._duplicate(delivery, DedupStatus.CONSUMED)
         delivery.outcome = Outcome.CONSUMED
         return SUCCESS
-
-    def _run_handler(self, delivery: Delivery, tx: Transaction, timed: bool) -> ConsumeStatus:
-        """The handler's answer; its exceptions are logged (its connection is then discarded)
-        and mean RECONSUME_LATER; what is not an ``Exception`` propagates."""
-        begin = time.perf_counter() if timed else 0.0
-        try:
-            with tx.guarded():
-                result = self.hooks.listener.do_handle_msg(delivery.msg, tx.conn)
-        except Exception as exc:
-            tx.broken = True
-            if not isinstance(exc, TransactionMisuseError):
-                logger.exception(
-                    "do_handle_msg raised; its transaction is rolled back and the message "
-                    "will be consumed later"
-                )
-            return LATER
-        finally:
-            if timed:
-                delivery.handler_seconds = time.perf_counter() - begin
-        if result is True:
-            return SUCCESS
-        return answer(result, commit=True)
 
     def _after_failure(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
         """After a transaction failed (its session ended, the server went away): the key's
@@ -296,12 +326,21 @@ class TransactionalStrategy(DedupTemplate):
             return LATER
         return self._refused(delivery, record, snap)
 
-    def _transaction_failed(self, delivery: Delivery, exc: BaseException) -> None:
+    def _transaction_failed(self, delivery: Delivery, exc: StoreError) -> None:
+        """A statement of the dedup layer failed: logged as what it is (an outage, a lock
+        conflict, a defect); the message is consumed later."""
+        if isinstance(exc, StoreLockConflictError):
+            delivery.outcome = Outcome.LOCK_CONFLICT
+            self._log.log(
+                logging.WARNING,
+                "a lock wait timed out or a deadlock was broken in the message's transaction "
+                "(%s): another copy or another step of its entity held the lock; rolled back, "
+                "the message will be consumed later",
+                exc,
+            )
+            return
         delivery.outcome = Outcome.STORE_ERROR_LATER
-        outage = isinstance(exc, StoreUnavailableError) or (
-            not isinstance(exc, StoreError) and self.mysql.is_outage(exc)
-        )
-        if outage:
+        if isinstance(exc, StoreUnavailableError):
             self._log.log(
                 logging.WARNING,
                 "the business database is unavailable (%s); the message will be consumed later "
@@ -311,8 +350,7 @@ class TransactionalStrategy(DedupTemplate):
         else:
             self._log.log(
                 logging.ERROR,
-                "the message's transaction failed (%s: %s); rolled back, consume later",
-                type(exc).__name__,
+                "the message's transaction failed (%s); rolled back, consume later",
                 exc,
                 exc_info=exc,
             )
@@ -390,4 +428,4 @@ def _sequence_problem(raw: Any) -> Optional[str]:
     return None
 
 
-__all__ = ["TransactionalStrategy"]
+__all__ = ["TransactionalStrategy", "transactions_of"]

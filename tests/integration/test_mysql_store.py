@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 from pathlib import Path
@@ -206,3 +207,37 @@ def test_pymysql_driver_works(mysql_table: str, app_name: str) -> None:
     assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
     assert listener.handled == ["m1"]
     store.close()
+
+
+@pytest.mark.parametrize("driver", ["mysqlclient", "pymysql", "mysql-connector"])
+def test_a_claim_that_times_out_on_a_row_lock_is_not_an_outage(
+    driver: str, mysql_table: str, app_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message CONSUMED; another session holds its record's row lock (an operator's
+    ``SELECT ... FOR UPDATE``, a long purge); a duplicate's claim waits for it and times out
+    (1205). That is a lock conflict, not an outage: RECONSUME_LATER, the handler not run, under
+    the default policy (before: an outage, and the duplicate ran WITHOUT dedup)."""
+    connect = mysql_connect(driver, init_command="SET SESSION innodb_lock_wait_timeout = 1")
+    config = DedupConfig.enable_dedup_consume_config(app_name, connect, table_name=mysql_table)
+    listener = Ok(config)
+    holder = mysql_connect()()
+    try:
+        assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+        assert config.persist is not None
+        digest = DedupElement(app_name, "TEST-TOPIC", "TagA", "m1").digest()
+        holder.autocommit(False)
+        holder.cursor().execute(
+            f"SELECT status FROM {mysql_table} WHERE dedup_key = %s FOR UPDATE", (digest,)
+        )
+        with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+            assert listener(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+        assert listener.handled == ["m1"]
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("waiting for a lock" in m for m in messages), messages
+        assert not any("WITHOUT dedup" in m for m in messages), messages
+    finally:
+        holder.rollback()
+        holder.close()
+        listener.close()
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS  # a duplicate again
+    assert listener.handled == ["m1"]

@@ -31,14 +31,24 @@ PyMySQL or mysql-connector-python.
   ``ProgrammingError`` for a missing table, is a :class:`~rocketmq_dedup.errors.StoreError`;
   so is a pool whose connections all stayed busy for ``pool_timeout``
   (:class:`~rocketmq_dedup.errors.StorePoolExhaustedError`: consumed later, not an outage).
+* Errors (:mod:`.errors`): lock wait timeouts and deadlocks (1205, 1213) are
+  :class:`~rocketmq_dedup.errors.StoreLockConflictError`, never outages.
 * Exactly-once mode (:mod:`rocketmq_dedup.transactional`): one business transaction per
-  message on the same database, opened by the store's :class:`TransactionFactory`
-  (:mod:`.transaction`), the dedup record written with its COMMIT; a sequence table
-  ``<table>_seq`` created with the dedup table; :meth:`MySQLDedupStore.from_engine` builds the
-  store on a SQLAlchemy ``Engine``.
+  message on the same database, opened by the store's ``transactions``
+  (:class:`MySQLTransactions`, the port of :mod:`rocketmq_dedup.stores.transaction`), the
+  dedup record written with its COMMIT; a sequence table ``<table>_seq`` created with the dedup
+  table; :meth:`MySQLDedupStore.from_engine` builds the store on a SQLAlchemy ``Engine``.
+
+Modules, by concern: :mod:`.sql` (statements and tables), :mod:`.rows` (the values of their
+rows), :mod:`.errors` (what a driver error means), :mod:`.connection` (a prepared connection
+and its statement runner), :mod:`.pool`, :mod:`.store`, :mod:`.transaction` (the exactly-once
+port), :mod:`.handler_connection` and :mod:`.sqlalchemy_guard` (what a handler may not do to
+its transaction).
 """
 
-from rocketmq_dedup.stores.mysql.pool import ConnectionPool, is_connection_error
+from rocketmq_dedup.stores.mysql.errors import is_connection_error
+from rocketmq_dedup.stores.mysql.handler_connection import HandlerConnection
+from rocketmq_dedup.stores.mysql.pool import ConnectionPool
 from rocketmq_dedup.stores.mysql.sql import (
     CLAIM_SQL,
     DEFAULT_TABLE_NAME,
@@ -63,11 +73,7 @@ from rocketmq_dedup.stores.mysql.store import (
     MySQLDedupStore,
     describe_factory,
 )
-from rocketmq_dedup.stores.mysql.transaction import (
-    HandlerConnection,
-    Transaction,
-    TransactionFactory,
-)
+from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
 
 __all__ = [
     "CLAIM_SQL",
@@ -87,8 +93,7 @@ __all__ = [
     "ConnectionPool",
     "HandlerConnection",
     "MySQLDedupStore",
-    "Transaction",
-    "TransactionFactory",
+    "MySQLTransactions",
     "describe_factory",
     "is_connection_error",
     "schema_sql",

@@ -163,19 +163,22 @@ RECORD_LOCK_SQL = (
 RECORD_DELETE_EXPIRED_SQL = (
     f"DELETE FROM {{table}} WHERE dedup_key = %s AND expire_time <= {NOW_MS}"
 )
-# claim="before_handler": before the handler, the live record's status and, only when there is
-# none, the key's named lock (1: taken; 0: another session holds it). The lock writes nothing,
-# needs no renewal and is freed when its session ends (a killed consumer's with it).
-KEY_LOCK_SQL = (
-    "SELECT r.status, IF(r.status IS NULL, GET_LOCK(%s, 0), NULL) FROM (SELECT "
-    f"(SELECT status FROM {{table}} WHERE dedup_key = %s AND expire_time > {NOW_MS}) AS status) r"
+# The live record of one key: status, owner, and time left (ms). Inside a transaction it reads
+# from the transaction's snapshot, so it runs only after the waits for locks (see
+# rocketmq_dedup.stores.transaction, "no snapshot before a wait").
+RECORD_READ_SQL = (
+    f"SELECT status, owner_token, expire_time - {NOW_MS} FROM {{table}} "
+    f"WHERE dedup_key = %s AND expire_time > {NOW_MS}"
 )
+# claim="before_handler": the key's named lock, taken without waiting (1: taken; 0: another
+# session holds it), before anything is read. It writes nothing, needs no renewal, and is freed
+# with the COMMIT or ROLLBACK (KEY_UNLOCK_SQL) or when its session ends (a killed consumer's).
+# A SELECT without a table opens no InnoDB snapshot.
+KEY_LOCK_SQL = "SELECT GET_LOCK(%s, 0)"
 KEY_UNLOCK_SQL = "DO RELEASE_LOCK(%s)"
-#: The server's "duplicate entry" error (ER_DUP_ENTRY).
-DUPLICATE_ENTRY = 1062
-#: The server's "you have an error in your SQL syntax" (ER_PARSE_ERROR): what a server says to
-#: several statements in one text on a connection without multi-statements.
-PARSE_ERROR = 1064
+# Whether the session is in autocommit mode: asked only of a driver that keeps no status of it
+# (mysql-connector-python), after a handler that left no transaction open.
+AUTOCOMMIT_SQL = "SELECT @@session.autocommit"
 
 
 def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> Optional[str]:

@@ -23,17 +23,18 @@ from rocketmq_dedup.stores.base import (
     parse_status,
     round_trip,
 )
-from rocketmq_dedup.stores.mysql.pool import (
-    ConnectionPool,
+from rocketmq_dedup.stores.mysql.connection import (
     MySQLdbRunner,
     Runner,
     close_quietly,
     column_text,
-    is_connection_error,
     is_mysqlclient,
     prepare_connection,
     type_name,
 )
+from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error
+from rocketmq_dedup.stores.mysql.pool import ConnectionPool
+from rocketmq_dedup.stores.mysql.rows import readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
     CHECK_SQL,
     CLAIM_ROW,
@@ -59,12 +60,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     sequence_table_name,
     validate_table_name,
 )
-from rocketmq_dedup.stores.mysql.transaction import (
-    TransactionFactory,
-    guard_engine,
-    readable,
-    record_row,
-)
+from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
 
 logger = logging.getLogger(__name__)
 
@@ -159,12 +155,13 @@ class MySQLDedupStore(DedupStore):
         #: The exactly-once mode's transactions (:mod:`.transaction`): their own pool (opened on
         #: first use), so a transaction held for a whole handler never starves claims, marks
         #: and lease renewal.
-        self.transactions = TransactionFactory(
+        self.transactions: MySQLTransactions = MySQLTransactions(
             self._open_runner,
             table_name,
             self.sequence_table_name,
             pool_size,
             float(pool_timeout),
+            self.describe,
         )
 
     @classmethod
@@ -185,6 +182,8 @@ class MySQLDedupStore(DedupStore):
             fairy = engine.raw_connection()
             fairy.detach()  # closing it now closes the DB-API connection, never pools it
             return fairy.dbapi_connection
+
+        from rocketmq_dedup.stores.mysql.sqlalchemy_guard import guard_engine
 
         store = cls(connect, **options)
         store.transactions.engine = engine
@@ -213,6 +212,10 @@ class MySQLDedupStore(DedupStore):
 
     def is_outage(self, exc: BaseException) -> bool:
         return is_connection_error(exc)
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """Outages, lock conflicts and defects told apart (:mod:`.errors`)."""
+        return as_store_error(exc, self.describe())
 
     # -- connections ---------------------------------------------------------------------
 

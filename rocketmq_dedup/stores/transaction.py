@@ -1,0 +1,141 @@
+"""The exactly-once mode's port: what :class:`~rocketmq_dedup.strategy.exactly_once.
+TransactionalStrategy` needs from the database a handler writes to, and nothing else.
+
+A store that supports the mode offers a :class:`TransactionSource` (its ``transactions``
+attribute); each message gets one :class:`Transaction` from it, used in this order::
+
+    begin        a connection of the source's, in a transaction (or about to be: the first
+                 statement opens it)
+    claim_key    (``exactly_once_claim="before_handler"``) the key's lock without waiting, then
+                 the key's record, [and the entity's sequence row, locked]
+    lock_sequence (``"at_commit"`` with a sequence key) the entity's sequence row, locked
+    run_handler  the user's handler on :attr:`Transaction.conn`; then :meth:`misuse`
+    commit_record the CONSUMED record [and the entity's new sequence number], then COMMIT
+    commit       (a message without a dedup key) COMMIT alone
+    close        always: rolls back whatever is still open and gives the connection back, or
+                 discards it when it may be unfit for another message
+
+The decisions (what a refused record, a held lock or a stale step means) are the strategy's;
+an implementation does the I/O and keeps two promises about order that the decisions rely on:
+
+* **A key's lock before its record** (:meth:`Transaction.claim_key`): the record is read only
+  once the lock is held, so a copy that committed and let go of the lock before is always
+  seen; never read, then locked.
+* **No snapshot before a wait**: on a database whose transactions read from a snapshot taken at
+  their first read (MySQL/MariaDB's REPEATABLE READ), nothing is read before the waits for the
+  key's and the entity's locks, so the handler reads the writes of the step it waited for.
+
+Errors: every method but :meth:`Transaction.run_handler` raises
+:class:`~rocketmq_dedup.errors.StoreError` (an outage as
+:class:`~rocketmq_dedup.errors.StoreUnavailableError`, a lock wait or deadlock as
+:class:`~rocketmq_dedup.errors.StoreLockConflictError`), wrapped once, or
+:class:`~rocketmq_dedup.errors.TransactionMisuseError` when the handler left the session unfit
+to commit; ``run_handler`` raises what the handler raised.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, NamedTuple, Optional
+
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.stores.base import Record
+
+
+class Entity(NamedTuple):
+    """An entity of the sequence guard: its application and its id."""
+
+    application: str
+    name: str
+
+
+class SequenceStep(NamedTuple):
+    """An entity's step that a commit applies: its sequence number becomes ``seq``."""
+
+    entity: Entity
+    seq: int
+
+
+class KeyClaim(NamedTuple):
+    """What :meth:`Transaction.claim_key` found."""
+
+    taken: bool
+    """Whether this transaction now holds the key's lock (False: another attempt holds it, so
+    a copy is in its handler right now)."""
+    record: Optional[Record] = None
+    """When taken: the key's live record, if any (a copy that committed)."""
+    last_seq: Optional[int] = None
+    """When taken with an entity: the entity's last applied sequence number (None: none yet);
+    its row is locked until the end of the transaction."""
+
+
+class Transaction(abc.ABC):
+    """One message's transaction (see the module docstring for the order of the calls)."""
+
+    #: What the handler gets as ``conn``.
+    conn: Any
+
+    @abc.abstractmethod
+    def claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
+        """Take the key's lock without waiting; once held, lock the entity's sequence row (if
+        any, waiting for it) and read the key's live record. The lock is held until the
+        transaction ends."""
+
+    @abc.abstractmethod
+    def lock_sequence(self, entity: Entity) -> Optional[int]:
+        """Lock the entity's sequence row until the end of the transaction (waiting for it;
+        creating it when new) and return its last applied sequence number (None: none)."""
+
+    @abc.abstractmethod
+    def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
+        """``handler(msg, conn)``, with the calls that would end or reconfigure the transaction
+        refused while it runs; returns what it returned, raises what it raised."""
+
+    @abc.abstractmethod
+    def misuse(self) -> Optional[str]:
+        """After the handler: how it ended, left or broke its transaction, if it visibly did,
+        as a phrase that follows "do_handle_msg" (e.g. "called commit() on its connection");
+        None when the transaction is intact."""
+
+    @abc.abstractmethod
+    def commit_record(
+        self,
+        element: DedupElement,
+        owner: str,
+        retention_ms: int,
+        applied: Optional[SequenceStep] = None,
+    ) -> Optional[Record]:
+        """Write the CONSUMED record (and the entity's new sequence number) and COMMIT, in as
+        few round trips as the connection allows. Returns None when committed, else the live
+        record of another attempt that refused it (nothing was committed; :meth:`close` rolls
+        back). An expired record in the way is replaced in the same transaction."""
+
+    @abc.abstractmethod
+    def commit(self) -> None:
+        """COMMIT without a record (a message without a dedup key)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Roll back what is still open and give the connection back, or discard it when it
+        raised, was misused, or may still hold a lock. Never raises."""
+
+
+class TransactionSource(abc.ABC):
+    """Opens the exactly-once mode's transactions on one database."""
+
+    #: Whether the sequence guard is available (its table exists, or can).
+    supports_sequences: bool = True
+
+    @abc.abstractmethod
+    def begin(self, hold_seconds: int) -> Transaction:
+        """One message's transaction, whose session the server ends after ``hold_seconds``
+        idle (a frozen consumer holds its locks no longer)."""
+
+
+__all__ = [
+    "Entity",
+    "KeyClaim",
+    "SequenceStep",
+    "Transaction",
+    "TransactionSource",
+]

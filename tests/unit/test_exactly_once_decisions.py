@@ -1,0 +1,392 @@
+"""The exactly-once decision table, without a database: TransactionalStrategy over a fake of its
+transaction port (tests/unit/fake_transactions.py). The MySQL port itself is tested against
+MariaDB in tests/integration/exactly_once/."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+import pytest
+
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConfig,
+    DedupConfigError,
+    DedupStatus,
+    MemoryDedupStore,
+    StoreError,
+    StoreLockConflictError,
+    StoreUnavailableError,
+    TransactionalDedupListener,
+)
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.metrics import Decision, DedupMetrics
+from rocketmq_dedup.status import Outcome
+from rocketmq_dedup.stores.base import Claim
+from rocketmq_dedup.stores.transaction import Entity
+from rocketmq_dedup.testing import ClassicMessage
+from tests.unit.fake_transactions import FakeConn, FakeTransactionalStore, FakeTransactions
+
+SUCCESS = ConsumeStatus.CONSUME_SUCCESS
+LATER = ConsumeStatus.RECONSUME_LATER
+
+Handler = Callable[[Any, FakeConn], Any]
+
+
+class Outcomes(DedupMetrics):
+    """Records each message's outcome."""
+
+    def __init__(self) -> None:
+        self.outcomes: List[Outcome] = []
+
+    def message(self, decision: Decision) -> None:
+        self.outcomes.append(decision.outcome)
+
+
+class Listener(TransactionalDedupListener):
+    """Writes the message id through ``conn``, then answers what ``handler`` says (True by
+    default); counts its runs."""
+
+    def __init__(
+        self,
+        config: DedupConfig,
+        handler: Optional[Handler] = None,
+        sequence: Optional[Callable[[Any], Any]] = None,
+    ) -> None:
+        self.handler = handler
+        self.sequence = sequence
+        self.runs: List[str] = []
+        super().__init__(config)
+
+    def do_handle_msg(self, msg: Any, conn: Any) -> Any:
+        self.runs.append(msg.id)
+        conn.write(msg.id)
+        return True if self.handler is None else self.handler(msg, conn)
+
+    def sequence_key(self, msg: Any) -> Any:
+        return self.sequence(msg) if self.sequence is not None else None
+
+
+class World:
+    """A fake database, a config on it, and the outcomes reported."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.store = FakeTransactionalStore()
+        self.metrics = Outcomes()
+        self.config = DedupConfig("app", self.store, metrics=self.metrics, **settings)
+
+    @property
+    def db(self) -> FakeTransactions:
+        return self.store.transactions
+
+    def listener(self, handler: Optional[Handler] = None, **kwargs: Any) -> Listener:
+        return Listener(self.config, handler, **kwargs)
+
+    def element(self, msg_id: str) -> DedupElement:
+        return DedupElement("app", "TEST-TOPIC", "TagA", msg_id)
+
+    def status(self, msg_id: str) -> Optional[DedupStatus]:
+        return self.store.get_status(self.element(msg_id))
+
+    def commit_elsewhere(self, msg_id: str) -> None:
+        """Another consumer committed this message (its record exists)."""
+        self.store.mark_consumed(Claim(self.element(msg_id), "other-owner"), 60_000)
+
+
+def by_step(msg: Any) -> Tuple[str, int]:
+    """Messages ``<entity>-<seq>``: the sequence key."""
+    entity, _, seq = msg.id.rpartition("-")
+    return entity, int(seq)
+
+
+# -- commit, duplicate, rollback ---------------------------------------------------------------
+
+
+def test_a_fresh_message_commits_its_writes_with_the_record() -> None:
+    """The handler's write and the CONSUMED record commit together; answered SUCCESS."""
+    world = World()
+    listener = world.listener()
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert world.db.committed == ["m1"]
+    assert world.status("m1") is DedupStatus.CONSUMED
+    assert world.metrics.outcomes == [Outcome.CONSUMED]
+    assert world.db.open == 0  # every transaction closed
+
+
+@pytest.mark.parametrize("answer", [False, None, "ok", RuntimeError("boom")], ids=repr)
+def test_a_failed_handler_commits_nothing(answer: Any) -> None:
+    """False, None, another value or an exception: nothing committed, no record, LATER."""
+
+    def handler(msg: Any, conn: FakeConn) -> Any:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    world = World()
+    assert world.listener(handler)(ClassicMessage("m1")) is LATER
+    assert world.db.committed == [] and world.status("m1") is None
+    assert world.metrics.outcomes == [Outcome.FAILED]
+    assert world.db.open == 0
+
+
+def test_a_redelivered_duplicate_is_looked_up_and_acked_without_a_transaction() -> None:
+    """A redelivery of a committed message: one look-up, acked, no handler, no transaction."""
+    world = World()
+    world.commit_elsewhere("m1")
+    listener = world.listener()
+    assert listener(ClassicMessage("m1", reconsume_times=1)) is SUCCESS
+    assert listener.runs == [] and world.db.begun == 0
+    assert world.metrics.outcomes == [Outcome.DUPLICATE_CONSUMED]
+
+
+def test_a_key_committed_here_lately_is_looked_up_first() -> None:
+    """A first delivery of a key this process committed lately: acked without a transaction."""
+    world = World()
+    listener = world.listener()
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener.runs == ["m1"] and world.db.begun == 1
+
+
+def test_a_copy_whose_twin_committed_meanwhile_is_rolled_back_and_acked() -> None:
+    """at_commit: another consumer commits while this copy is in its handler; this copy's
+    record is refused at its commit: its writes roll back, it is acked as a duplicate."""
+    world = World()
+
+    def handler(msg: Any, conn: FakeConn) -> bool:
+        world.commit_elsewhere(msg.id)
+        return True
+
+    listener = world.listener(handler)
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert world.db.committed == []
+    assert world.metrics.outcomes == [Outcome.DUPLICATE_CONSUMED]
+
+
+@pytest.mark.parametrize(("wait", "expected"), [(0, LATER), (5000, SUCCESS)])
+def test_a_twin_in_this_process_is_answered_at_once(wait: int, expected: ConsumeStatus) -> None:
+    """While the first copy is in its handler, its twin in this process gets LATER without a
+    transaction; with in_progress_wait it gets the first copy's outcome."""
+    world = World(in_progress_wait_milli_seconds=wait)
+    entered, finish = threading.Event(), threading.Event()
+
+    def handler(msg: Any, conn: FakeConn) -> bool:
+        if msg.body == b"first":
+            entered.set()
+            finish.wait(10)
+        return True
+
+    listener = world.listener(handler)
+    first = threading.Thread(target=listener, args=(ClassicMessage("m1", body=b"first"),))
+    first.start()
+    assert entered.wait(10)
+    if wait:
+        threading.Timer(0.05, finish.set).start()
+    assert listener(ClassicMessage("m1", body=b"twin")) is expected
+    finish.set()
+    first.join(10)
+    assert listener.runs == ["m1"] and world.db.begun == 1
+
+
+def test_a_message_without_a_key_commits_its_writes_alone() -> None:
+    """Dedup key None: the handler's writes commit (or roll back) whole, no record."""
+
+    class NoKey(Listener):
+        def dedup_message_key(self, msg: Any) -> Any:
+            return None
+
+    world = World()
+    listener = NoKey(world.config, lambda msg, conn: msg.body == b"ok")
+    assert listener(ClassicMessage("m1", body=b"no")) is LATER
+    assert listener(ClassicMessage("m1", body=b"ok")) is SUCCESS
+    assert world.db.committed == ["m1"] and world.status("m1") is None
+
+
+def test_local_retries_run_a_new_transaction_each() -> None:
+    """local_retries=2: a handler failing twice runs a third time, in a third transaction."""
+    world = World(local_retries=2, local_retry_backoff_milli_seconds=1)
+    listener = world.listener(lambda msg, conn: len(listener.runs) >= 3)
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert world.db.begun == 3 and world.db.committed == ["m1"]
+
+
+# -- before_handler ------------------------------------------------------------------------------
+
+
+def test_before_handler_answers_a_copy_held_elsewhere_at_once() -> None:
+    """Another consumer's transaction holds the key's lock: LATER, the handler not run."""
+    world = World(exactly_once_claim="before_handler")
+    world.db.hold_key(world.element("m1"))
+    listener = world.listener()
+    assert listener(ClassicMessage("m1")) is LATER
+    assert listener.runs == [] and world.metrics.outcomes == [Outcome.DUPLICATE_IN_PROGRESS]
+
+
+def test_before_handler_acks_a_committed_copy_without_its_handler() -> None:
+    """The key's lock is taken and its record found: acked, the handler not run."""
+    world = World(exactly_once_claim="before_handler")
+    world.commit_elsewhere("m1")
+    listener = world.listener()
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener.runs == [] and world.db.committed == []
+    assert world.db.steps[:2] == ["begin", "claim_key"]
+
+
+def test_before_handler_runs_a_fresh_message_holding_the_key() -> None:
+    """The key's lock taken, no record: the handler runs and commits; the lock is freed."""
+    world = World(exactly_once_claim="before_handler")
+    listener = world.listener()
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert world.db.committed == ["m1"] and world.db.key_locks == {}
+
+
+# -- the sequence guard -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("claim", ["at_commit", "before_handler"])
+@pytest.mark.parametrize(
+    ("mode", "last", "seq", "answer", "runs", "outcome"),
+    [
+        ("strict", None, 1, SUCCESS, True, Outcome.CONSUMED),
+        ("strict", 1, 2, SUCCESS, True, Outcome.CONSUMED),
+        ("strict", 2, 2, SUCCESS, False, Outcome.DUPLICATE_CONSUMED),
+        ("strict", 2, 1, SUCCESS, False, Outcome.DUPLICATE_CONSUMED),
+        ("strict", 1, 3, LATER, False, Outcome.SEQUENCE_GAP),
+        ("strict", None, 2, LATER, False, Outcome.SEQUENCE_GAP),
+        ("latest", None, 7, SUCCESS, True, Outcome.CONSUMED),
+        ("latest", 5, 7, SUCCESS, True, Outcome.CONSUMED),
+        ("latest", 7, 7, SUCCESS, False, Outcome.DUPLICATE_CONSUMED),
+        ("latest", 7, 5, SUCCESS, False, Outcome.DUPLICATE_CONSUMED),
+    ],
+)
+def test_the_sequence_guard(
+    claim: str,
+    mode: str,
+    last: Optional[int],
+    seq: int,
+    answer: ConsumeStatus,
+    runs: bool,
+    outcome: Outcome,
+) -> None:
+    """Each branch of the guard, under both claim modes: run, stale (acked without the
+    handler, its record committed), gap (LATER, nothing committed)."""
+    world = World(sequence_mode=mode, exactly_once_claim=claim)
+    entity = Entity("app", "order")
+    if last is not None:
+        world.db.sequences[entity] = last
+    listener = world.listener(sequence=by_step)
+    assert listener(ClassicMessage(f"order-{seq}")) is answer
+    assert bool(listener.runs) is runs
+    assert world.metrics.outcomes == [outcome]
+    recorded = world.status(f"order-{seq}")
+    assert recorded is (None if answer is LATER else DedupStatus.CONSUMED)
+    expected_last = seq if runs else last
+    assert world.db.sequences.get(entity) == expected_last
+
+
+def test_a_bad_sequence_key_is_a_key_error_without_a_transaction() -> None:
+    """sequence_key returning something else than (str, int): LATER, no transaction."""
+    world = World()
+    listener = world.listener(sequence=lambda msg: ("e", "1"))
+    assert listener(ClassicMessage("m1")) is LATER
+    assert world.db.begun == 0 and world.metrics.outcomes == [Outcome.KEY_ERROR]
+
+
+# -- failures and misuse -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "error", "outcome", "level", "text"),
+    [
+        (
+            "begin",
+            StoreUnavailableError("down"),
+            Outcome.STORE_ERROR_LATER,
+            "WARNING",
+            "unavailable",
+        ),
+        (
+            "commit_record",
+            StoreUnavailableError("down"),
+            Outcome.STORE_ERROR_LATER,
+            "WARNING",
+            "unavailable",
+        ),
+        (
+            "commit_record",
+            StoreLockConflictError("1205"),
+            Outcome.LOCK_CONFLICT,
+            "WARNING",
+            "lock wait",
+        ),
+        (
+            "lock_sequence",
+            StoreLockConflictError("1213"),
+            Outcome.LOCK_CONFLICT,
+            "WARNING",
+            "deadlock",
+        ),
+        ("commit_record", StoreError("no table"), Outcome.STORE_ERROR_LATER, "ERROR", "failed"),
+    ],
+)
+def test_a_failing_step_is_told_for_what_it_is(
+    step: str,
+    error: StoreError,
+    outcome: Outcome,
+    level: str,
+    text: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An outage, a lock conflict, a defect: each LATER, logged as what it is and counted
+    apart; nothing committed; never "run without dedup" (even with policy "consume")."""
+    world = World(store_failure_policy="consume")
+    world.db.fail[step] = error
+    listener = world.listener(sequence=by_step)
+    with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("order-1")) is LATER
+    assert world.db.committed == [] and world.metrics.outcomes == [outcome]
+    records = [r for r in caplog.records if text in r.getMessage()]
+    assert records and records[0].levelname == level
+
+
+def test_a_commit_whose_answer_was_lost_is_acked_as_the_duplicate_it_is() -> None:
+    """The COMMIT landed but its answer was lost (an outage right after): the record is read
+    back and the message acked, not retried."""
+    world = World()
+    world.db.fail["after_commit"] = StoreUnavailableError("lost after the commit")
+    listener = world.listener()
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert world.db.committed == ["m1"] and listener.runs == ["m1"]
+
+
+@pytest.mark.parametrize(
+    "misuse", ["called commit() on its connection", "switched its session to autocommit mode"]
+)
+def test_a_handler_that_breaks_its_transaction_is_rolled_back(
+    misuse: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that ended, left or broke its transaction and returned True: nothing
+    committed, LATER, an error naming what it did; the retry commits once."""
+    world = World()
+
+    def handler(msg: Any, conn: FakeConn) -> bool:
+        if len(listener.runs) == 1:
+            conn.misuse = misuse
+        return True
+
+    listener = world.listener(handler)
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is LATER
+    assert any(f"do_handle_msg {misuse}" in r.getMessage() for r in caplog.records)
+    assert world.db.committed == [] and world.status("m1") is None
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert world.db.committed == ["m1"]
+
+
+def test_a_store_without_transactions_is_refused() -> None:
+    """The memory store has no transaction port: DedupConfigError at construction."""
+    config = DedupConfig("app", MemoryDedupStore())
+    with pytest.raises(DedupConfigError, match="MySQL store"):
+        Listener(config)
