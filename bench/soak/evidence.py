@@ -432,25 +432,30 @@ def not_in_the_way(before: Applier, claim: Span, context: Context) -> Tuple[Opti
         return None, f"{who} applied after a claim that was {before.outcome}"
     if before.effect_error:
         return "ambiguous_effect_commit", f"{who}'s effect raised: its claim was released"
-    if lost_with_store(before, claim, context):
-        return "record_lost_with_store", f"the store was killed just after {who}'s last write"
+    lost = lost_with_store(before, claim, context)
     marked = before.marked
     if marked is not None and marked[1] <= claim[0]:
+        if lost:
+            return "record_lost_with_store", f"Redis was killed just after {who}'s mark"
         return None, f"claimed {claim[0] - marked[1]:.3f}s after {who}'s CONSUMED mark"
     confirmed = [w for w in before.writes if w[1] <= claim[0]]  # surely before the claim ran
-    if not confirmed:
-        return None, f"claimed while {who}'s own claim was in flight: both won"
-    lapse = confirmed[-1][0] + context.lease_s  # the earliest it could lapse
-    if claim[1] < lapse:
-        return (
-            None,
-            f"claimed while {who}'s claim was live ({lapse - claim[1]:.3f}s before it could lapse)",
+    lapse = confirmed[-1][0] + context.lease_s if confirmed else claim[1]  # earliest possible
+    if claim[1] < lapse or not confirmed:
+        if lost:
+            return "record_lost_with_store", f"Redis was killed just after {who}'s last write"
+        if not confirmed:
+            return None, f"claimed while {who}'s own claim was in flight: both won"
+        return None, (
+            f"claimed while {who}'s claim was live ({lapse - claim[1]:.3f}s before it could lapse)"
         )
     if before.killed_at is not None and before.killed_at <= lapse:
         return "killed_before_mark", f"{who} was SIGKILLed after its effect, before its mark"
     if before.mark is not None and marked is None:
         return "mark_failed", f"{who}'s CONSUMED mark failed"
-    return lapse_cause(before, confirmed[-1], lapse, context)
+    cause, note = lapse_cause(before, confirmed[-1], lapse, context)
+    if cause is None and lost:
+        return "record_lost_with_store", f"Redis was killed just after {who}'s last write"
+    return cause, note
 
 
 def lost_with_store(before: Applier, claim: Span, context: Context) -> bool:

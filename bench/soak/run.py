@@ -476,6 +476,7 @@ class ModeRun:
             "client_sendback_failures": sendback_failures(kinds),
             "dlq": self.dlq_messages, "polls": self.polls,
             "faults": self.faults_done,
+            "kills": [dataclasses.asdict(k) for k in self.kills],
             "send_retries": self.send_retries, "unsent": len(self.unsent),
             "drain_s": round(self.drain_s, 1), "drain_end": self.drain_end,
             **accounting.throughput(
@@ -607,7 +608,8 @@ class Batch:
                 victim.lock.acquire()  # one kill and restart of a slot at a time
             try:
                 for r, victim in zip(self.runs, victims, strict=True):
-                    r.kills.append(evidence.Kill("sigkill", time.time(), victim.sigkill()))
+                    pid = victim.sigkill()  # the time it was dead by: anything it wrote is
+                    r.kills.append(evidence.Kill("sigkill", time.time(), pid))  # before
                 for victim in victims:
                     victim.launch()
                 for victim in victims:

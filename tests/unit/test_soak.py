@@ -192,6 +192,23 @@ def test_a_record_lost_with_redis_is_explained_and_one_kept_by_mariadb_is_not() 
     assert mysql.unexplained == ["k"]
 
 
+def test_a_mark_failed_in_a_redis_kill_is_told_from_the_claim_lost_with_it() -> None:
+    """The claim was confirmed, then Redis was killed and the mark failed: a later claim after
+    the claim's lease is ``mark_failed``; one before it, after the restart, is only possible
+    because the claim was lost with Redis."""
+    a = Consumer(10)
+    owner = a.claim("k", 5.0)
+    a.effect("k", 5.02)
+    a.mark("k", owner, 5.9, ok=False)
+    late, early = Consumer(11), Consumer(11)
+    late.applies("k", 15.5)
+    early.applies("k", 8.0)
+    kills = [Kill("redis_kill", 5.5)]
+    assert verdict_of(a, late, kills=kills).doubles == {"k": "mark_failed"}
+    assert verdict_of(a, early, kills=kills).doubles == {"k": "record_lost_with_store"}
+    assert verdict_of(a, early).unexplained == ["k"]
+
+
 def test_an_applier_that_ran_without_dedup_explains_itself_and_the_next() -> None:
     """The second applier's claim failed (store down) and it ran without dedup: explained by
     its own evidence though the first's explains nothing; an applier that ran without dedup
