@@ -67,8 +67,11 @@ MARK_SQL = (
     f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, "
     f"expire_time = {NOW_MS} + %s WHERE dedup_key = %s"
 )
+# The lease runs ``%s`` ms from now, and at least 1 ms past where it ran: a renewal in the same
+# server millisecond as the claim (or the last renewal) would otherwise set the same value, and
+# an UPDATE that changes nothing reports 0 rows (no CLIENT_FOUND_ROWS): read as "taken over".
 RENEW_SQL = (
-    f"UPDATE {{table}} SET expire_time = {NOW_MS} + %s "
+    f"UPDATE {{table}} SET expire_time = GREATEST({NOW_MS} + %s, expire_time + 1) "
     "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
 )
 # The purge's scan: the next batch of keys after a key, in primary-key order (a consistent,
