@@ -95,6 +95,12 @@ CLAIMS_SQL = (
     f"SELECT {_RECORD_COLUMNS} FROM {{table}} "
     f"WHERE application_name = %s AND status = 'CONSUMING' AND expire_time > {NOW_MS}"
 )
+# The live CONSUMED record with the least time left (rocketmq-dedup stats: its age).
+OLDEST_CONSUMED_SQL = (
+    f"SELECT {_RECORD_COLUMNS} FROM {{table}} "
+    f"WHERE application_name = %s AND status = 'CONSUMED' AND expire_time > {NOW_MS} "
+    "ORDER BY expire_time LIMIT 1"
+)
 # The columns and primary key the store needs (rocketmq-dedup check).
 COLUMNS_SQL = (
     "SELECT column_name, column_key FROM information_schema.columns "

@@ -46,6 +46,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
     MARK_SQL,
+    OLDEST_CONSUMED_SQL,
     PURGE_SCAN_SQL,
     PURGE_SQL,
     RELEASE_SQL,
@@ -496,7 +497,8 @@ class MySQLDedupStore(DedupStore):
         app = readable(application)
         counts = {str(column_text(s)): int(n) for s, n in self._query(STATS_SQL, (app,))}
         claims = [_listed(row) for row in self._query(CLAIMS_SQL, (app,))]
-        return StoreStats(counts, oldest_claims(claims, limit))
+        oldest = [_listed(row) for row in self._query(OLDEST_CONSUMED_SQL, (app,))]
+        return StoreStats(counts, oldest_claims(claims, limit), oldest[0] if oldest else None)
 
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []
