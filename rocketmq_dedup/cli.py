@@ -74,14 +74,16 @@ def _wraps(function: Callable[..., Any]) -> Callable[[Callable[..., Any]], Calla
     return decorate
 
 
-def store_options(function: Callable[..., Any]) -> Callable[..., Any]:
+def store_options(function: Callable[..., Any], required: bool = True) -> Callable[..., Any]:
     """--redis/--mysql/--table/--key-prefix, resolved into the ``store`` argument (checked
-    once: an unreachable store is exit status 2)."""
+    once: an unreachable store is exit status 2); None when not ``required`` and not named."""
 
     @_wraps(function)
     def with_store(
         redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str, **kw: Any
     ) -> Any:
+        if not required and not redis_url and not mysql_url:
+            return function(store=None, **kw)
         return function(store=open_store(redis_url, mysql_url, table, key_prefix), **kw)
 
     options = [
@@ -429,6 +431,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     return 0
 
+
+from rocketmq_dedup.cli_dlq import dlq  # noqa: E402 - its commands use the helpers above
+
+cli.add_command(dlq)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -43,6 +43,11 @@ class TransactionMisuseError(DedupError):
     mode. The listener rolls the transaction back and answers RECONSUME_LATER."""
 
 
+class BrokerError(DedupError):
+    """The RocketMQ name server or broker could not be reached, or refused a request of the
+    operator's dead-letter tool (``rocketmq-dedup dlq``): the message says which and why."""
+
+
 class MissingExtraError(DedupError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

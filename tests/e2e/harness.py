@@ -161,12 +161,17 @@ def settings_for(
     return settings
 
 
-def rocketmq_script(*args: str, capture: bool = False) -> Optional[str]:
+def rocketmq_script(
+    *args: str, capture: bool = False, env: Optional[Dict[str, str]] = None
+) -> Optional[str]:
+    """scripts/rocketmq.sh with ``args`` (``env``: more variables, e.g. the retries of the
+    groups it creates, ``ROCKETMQ_DEDUP_RETRY_MAX``)."""
     result = subprocess.run(
         [str(REPO / "scripts/rocketmq.sh"), *args],
         check=True,
         capture_output=capture,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
     return result.stdout if capture else None
