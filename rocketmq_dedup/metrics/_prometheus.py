@@ -316,23 +316,25 @@ class PrometheusMetrics(DedupMetrics):
             for op in StoreOp:
                 family.add_metric([app, op.value], errors.get((app, op), 0))
         yield family
-        if purged:
-            family = CounterMetricFamily(
+        for kind, name, doc, by_table in (
+            (
+                CounterMetricFamily,
                 "rocketmq_dedup_purge_deleted",
                 "Expired rows deleted by the in-process purger",
-                labels=["table"],
-            )
-            for table, count in sorted(purged.items()):
-                family.add_metric([table], count)
-            yield family
-            gauge = GaugeMetricFamily(
+                purged,
+            ),
+            (
+                GaugeMetricFamily,
                 "rocketmq_dedup_purge_lag_seconds",
                 "How long the longest-expired row the purge's current pass met had been expired",
-                labels=["table"],
-            )
-            for table, lag in sorted(purge_lag.items()):
-                gauge.add_metric([table], lag)
-            yield gauge
+                purge_lag,
+            ),
+        ):
+            if by_table:  # a process whose purger never ran exports none
+                table_family = kind(name, doc, labels=["table"])
+                for table, value in sorted(by_table.items()):
+                    table_family.add_metric([table], value)
+                yield table_family
         empty_store, empty_handler = _Histogram(STORE_BUCKETS), _Histogram(HANDLER_BUCKETS)
         for app in apps:
             for op in StoreOp:

@@ -17,7 +17,7 @@ from rocketmq_dedup import DedupElement, DedupStatus, MySQLDedupStore, Purger
 from rocketmq_dedup.metrics import DedupMetrics, PrometheusMetrics
 from rocketmq_dedup.owner import new_owner_token
 from rocketmq_dedup.stores.base import Claim
-from tests.support import mysql_connect, wait_for
+from tests.support import mysql_connect, sql, wait_for
 
 pytestmark = pytest.mark.mysql
 
@@ -30,17 +30,6 @@ class Batches(DedupMetrics):
 
     def purge(self, table: str, deleted: int, lag_seconds: float) -> None:
         self.seen.append((time.monotonic(), table, deleted, lag_seconds))
-
-
-def sql(query: str, *params: Any) -> List[Any]:
-    conn = mysql_connect()()
-    try:
-        conn.autocommit(True)
-        cur = conn.cursor()
-        cur.execute(query, params)
-        return list(cur.fetchall())
-    finally:
-        conn.close()
 
 
 @pytest.fixture
