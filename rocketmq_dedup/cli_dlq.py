@@ -75,18 +75,31 @@ class Context:
         element = self.element(letter)
         return self.store.read(element) if self.store is not None and element else None
 
-    def record_text(self, letter: DeadLetter) -> str:
-        """A record in one cell: its status (and reason), or why there is none."""
+    def record_cells(self, letters: List[DeadLetter]) -> List[str]:
+        """Each letter's record in one cell: its status (and reason), or why there is none;
+        the records read in one store call."""
         if self.store is None:
-            return "-"
-        if self.element(letter) is None:
-            return "no key" if self.rule.key_of(letter) is None else "topic unknown"
-        record = self.record(letter)
-        if record is None:
-            return "none"
-        status = record.status.value if record.status is not None else "unreadable"
-        reason = getattr(record, "reason", None)
-        return f"{status} ({reason})" if reason else status
+            return ["-"] * len(letters)
+        elements = [self.element(letter) for letter in letters]
+        wanted = [element for element in elements if element is not None]
+        found = iter(self.store.read_many(wanted) if wanted else [])
+        return [
+            status_cell(next(found)) if element is not None else self.no_element(letter)
+            for letter, element in zip(letters, elements, strict=True)
+        ]
+
+    def no_element(self, letter: DeadLetter) -> str:
+        """Why ``letter`` has no element to look up."""
+        return "no key" if self.rule.key_of(letter) is None else "topic unknown"
+
+
+def status_cell(record: Optional[Record]) -> str:
+    """A record's status (and reason, when it has one), or ``none``."""
+    if record is None:
+        return "none"
+    status = record.status.value if record.status is not None else "unreadable"
+    reason = getattr(record, "reason", None)
+    return f"{status} ({reason})" if reason else status
 
 
 def dlq_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -170,7 +183,7 @@ def list_(context: Context, limit: int) -> None:
     shown = letters[-limit:]
     click.echo(f"{topic} via {context.namesrv}: {len(letters)} dead letter(s)")
     lines: List[Tuple[str, ...]] = [("stored", "id", "topic", "tag", "key", "retries", "record")]
-    for letter in shown:
+    for letter, record in zip(shown, context.record_cells(shown), strict=True):
         lines.append(
             (
                 when(letter.stored.store_timestamp),
@@ -179,7 +192,7 @@ def list_(context: Context, limit: int) -> None:
                 letter.tag,
                 context.rule.key_of(letter) or "-",
                 str(letter.stored.reconsume_times),
-                context.record_text(letter),
+                record,
             )
         )
     print_columns(lines)
@@ -217,9 +230,11 @@ def record_section(context: Context, letter: DeadLetter) -> List[Tuple[str, str]
     """The record's rows for ``show``: status, owner, age, time left, reason."""
     if context.store is None:
         return [("record", "not looked up (no --redis/--mysql)")]
+    if context.element(letter) is None:
+        return [("record", context.no_element(letter))]
     record = context.record(letter)
     if record is None:
-        return [("record", context.record_text(letter))]
+        return [("record", "none")]
     rows = record_rows(record)
     reason = getattr(record, "reason", None)
     return rows + ([("reason", str(reason))] if reason else [])
@@ -283,7 +298,7 @@ def release_plan(context: Context, letter: DeadLetter, release: bool, dry_run: b
         return "not looked up (no --redis/--mysql)"
     element = context.element(letter)
     if element is None:
-        return context.record_text(letter)
+        return context.no_element(letter)
     record = context.store.read(element)
     if record is None:
         return "none: the handler runs for the resent copy"

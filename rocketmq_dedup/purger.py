@@ -93,12 +93,15 @@ class Purger:
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._session: Optional[PurgeSession] = None
-        #: True while this purger holds the table's purge lock (it is the one running).
-        self.running = False
-        self._held: Optional[bool] = None  # what the last try of the lock said (for the logs)
+        self._held: Optional[bool] = None  # what the last try of the lock said; None: no session
         #: Passes completed, and expired rows deleted, by this purger.
         self.passes = 0
         self.deleted = 0
+
+    @property
+    def running(self) -> bool:
+        """True while this purger holds the table's purge lock (it is the one purging)."""
+        return self._held is True
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -164,7 +167,7 @@ class Purger:
         holds = self._session.try_lock()
         if holds == self._held:
             return holds
-        self._held = self.running = holds
+        self._held = holds
         if holds:
             logger.info(
                 "purge of %s: this process purges the table (it holds the lock %s)",
@@ -220,6 +223,6 @@ class Purger:
 
     def _end_session(self) -> None:
         session, self._session = self._session, None
-        self.running, self._held = False, None
+        self._held = None
         if session is not None:
             session.close()
