@@ -8,7 +8,7 @@ import json
 import socket
 import struct
 import zlib
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -20,10 +20,15 @@ from rocketmq_dedup.dlq import (
     KeyRule,
     element_of,
     origin_topic,
+    read_dead_letters,
     resend_properties,
 )
+from rocketmq_dedup.errors import BrokerError
 from rocketmq_dedup.remoting import (
     Command,
+    QueueData,
+    RemotingClient,
+    Route,
     StoredMessage,
     decode_frame,
     decode_messages,
@@ -95,8 +100,6 @@ def test_zlib_bodies_and_long_topic_lengths_decode() -> None:
 
 def test_a_cut_message_is_an_error_not_garbage() -> None:
     """A body shorter than its stored size says so."""
-    from rocketmq_dedup.errors import BrokerError
-
     with pytest.raises(BrokerError, match="cut short"):
         decode_messages(stored_bytes("T", b"abc", {})[:-3])
 
@@ -221,3 +224,23 @@ def test_dlq_bad_input_is_one_line_and_status_2(
     status, _, err = run_cli(capsys, "dlq", *(a.replace("{port}", port) for a in args))
     assert status == 2 and message in err
     assert len(err.strip().splitlines()) == 1
+
+
+class RouteOnly(RemotingClient):
+    """A client whose name server answers with ``route`` (None: no such topic)."""
+
+    def __init__(self, route: Optional[Route]) -> None:
+        super().__init__("127.0.0.1:1")
+        self.answer = route
+
+    def route(self, topic: str) -> Optional[Route]:
+        return self.answer
+
+
+def test_a_write_only_dlq_is_reported_with_its_fix() -> None:
+    """Older brokers create %DLQ% topics with perm 2: an error naming the mqadmin command;
+    a group with no DLQ topic has no dead letters."""
+    write_only = Route({"broker-a": "127.0.0.1:10911"}, [QueueData("broker-a", 1, 1, 2)])
+    with pytest.raises(BrokerError, match=r"not readable .*perm=2.*updateTopicPerm -t '%DLQ%g'"):
+        read_dead_letters(RouteOnly(write_only), "g")
+    assert read_dead_letters(RouteOnly(None), "g") == []
