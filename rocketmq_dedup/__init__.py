@@ -19,6 +19,7 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.listener import BaseDedupListener, DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.purger import Purger
 from rocketmq_dedup.status import (
     ConsumeStatus,
     DedupStatus,
@@ -61,6 +62,7 @@ __all__ = [
     "MySQLDedupStore",
     "Outcome",
     "PayloadMismatch",
+    "Purger",
     "Record",
     "RedisDedupStore",
     "SequenceMode",

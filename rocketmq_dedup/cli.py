@@ -22,12 +22,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from rocketmq_dedup.errors import DedupError, MissingExtraError
+from rocketmq_dedup.horizon import DEFAULT_MAX_RECONSUME_TIMES, redelivery_horizon_ms
 
 try:
     import click
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtraError("click", "cli") from exc
 
+from rocketmq_dedup.config import DEFAULT_RECORD_RESERVE_MINUTES
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.owner import claimed_at
 from rocketmq_dedup.stores import make_store
@@ -72,14 +74,16 @@ def _wraps(function: Callable[..., Any]) -> Callable[[Callable[..., Any]], Calla
     return decorate
 
 
-def store_options(function: Callable[..., Any]) -> Callable[..., Any]:
+def store_options(function: Callable[..., Any], required: bool = True) -> Callable[..., Any]:
     """--redis/--mysql/--table/--key-prefix, resolved into the ``store`` argument (checked
-    once: an unreachable store is exit status 2)."""
+    once: an unreachable store is exit status 2); None when not ``required`` and not named."""
 
     @_wraps(function)
     def with_store(
         redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str, **kw: Any
     ) -> Any:
+        if not required and not redis_url and not mysql_url:
+            return function(store=None, **kw)
         return function(store=open_store(redis_url, mysql_url, table, key_prefix), **kw)
 
     options = [
@@ -283,16 +287,68 @@ def release(store: DedupStore, element: DedupElement, force: bool) -> None:
     click.echo(f"deleted the {deleted.value} record of {element.key!r}")
 
 
+def retention_rows(
+    record: Record, retention_minutes: Optional[float], max_reconsume_times: int
+) -> List[Tuple[str, str]]:
+    """The oldest CONSUMED record's age against the retention and the redelivery horizon. Its
+    age comes from its owner token's time (then the retention is about age + time left), else
+    from the retention given (age = retention - time left)."""
+    left = record.expires_in_ms or 0
+    at = claimed_at(record.owner or "")
+    given = None if retention_minutes is None else retention_minutes * 60_000
+    if at is not None:
+        age = max(0.0, (time.time() - at) * 1000)
+        retention, how = (given, "given") if given is not None else (age + left, "about")
+    else:
+        retention = given if given is not None else DEFAULT_RECORD_RESERVE_MINUTES * 60_000
+        age, how = max(0.0, retention - left), "given" if given is not None else "the default"
+    horizon = redelivery_horizon_ms(max_reconsume_times)
+    horizon_text = f"{duration(horizon)} ({max_reconsume_times} retries)"
+    if retention < horizon:
+        horizon_text += click.style(
+            " LONGER than the retention: a late redelivery runs again", fg="red"
+        )
+    element = record.element
+    return [
+        ("age", f"{duration(age)} ({element.topic} {element.key})" if element else duration(age)),
+        ("time left", duration(left)),
+        ("retention", f"{duration(retention)} ({how})"),
+        ("redelivery horizon", horizon_text),
+    ]
+
+
 @cli.command()
 @store_options
 @click.option("--app", required=True, help="The application name of the config.")
 @click.option("--limit", default=10, show_default=True, help="How many claims to list.")
-def stats(store: DedupStore, app: str, limit: int) -> None:
-    """Records of an application by status; oldest claims."""
+@click.option(
+    "--retention-minutes",
+    type=float,
+    help="The config's dedup_record_reserve_minutes (default: read from the oldest record's "
+    "owner token, else 1440).",
+)
+@click.option(
+    "--max-reconsume-times",
+    default=DEFAULT_MAX_RECONSUME_TIMES,
+    show_default=True,
+    help="The group's retries before the DLQ, for the redelivery horizon.",
+)
+def stats(
+    store: DedupStore,
+    app: str,
+    limit: int,
+    retention_minutes: Optional[float],
+    max_reconsume_times: int,
+) -> None:
+    """Records of an application by status; oldest claims; the oldest CONSUMED record's age
+    against the retention."""
     result = store.stats(app, limit)
     click.echo(f"{store.describe()}, application {app!r}")
     rows = [(name, f"{count:,}") for name, count in sorted(result.counts.items())]
     print_table(rows or [("records", "0")])
+    if result.oldest_consumed is not None:
+        click.echo("oldest CONSUMED record:")
+        print_table(retention_rows(result.oldest_consumed, retention_minutes, max_reconsume_times))
     if result.oldest_claims:
         click.echo("longest-held CONSUMING claims:")
         now = time.time()
@@ -375,6 +431,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     return 0
 
+
+from rocketmq_dedup.cli_dlq import dlq  # noqa: E402 - its commands use the helpers above
+
+cli.add_command(dlq)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

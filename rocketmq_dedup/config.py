@@ -27,6 +27,7 @@ from typing import (
 )
 
 from rocketmq_dedup.errors import DedupConfigError
+from rocketmq_dedup.horizon import DEFAULT_MAX_RECONSUME_TIMES, redelivery_horizon_ms
 from rocketmq_dedup.metrics import DedupMetrics
 from rocketmq_dedup.status import (
     ExactlyOnceClaim,
@@ -53,6 +54,9 @@ BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
 
 #: The most ``local_retries`` a message may get before RECONSUME_LATER.
 MAX_LOCAL_RETRIES = 100
+#: The largest ``max_reconsume_times`` (past the last delay level each retry waits 2 h: this
+#: many is over 14 years of retries).
+MAX_RECONSUME_TIMES = 65_535
 _METRICS_METHODS = ("message", "store_operation", "leases")
 
 
@@ -88,6 +92,8 @@ class Snapshot(NamedTuple):
     in_progress_wait_ms: int
     local_retries: int
     local_retry_backoff_ms: int
+    max_reconsume_times: int
+    max_delivery_delay_ms: int
 
 
 class Setting(Generic[T]):
@@ -195,12 +201,15 @@ def _bigint(name: str, value: Any) -> int:
     return value
 
 
-def _retries(name: str, value: Any) -> int:
-    if type(value) is not int or not 0 <= value <= MAX_LOCAL_RETRIES:
-        raise DedupConfigError(
-            f"{name} must be an int from 0 to {MAX_LOCAL_RETRIES}; got {value!r}"
-        )
-    return value
+def _count(most: int) -> Callable[[str, Any], int]:
+    """An int from 0 to ``most``."""
+
+    def check(name: str, value: Any) -> int:
+        if type(value) is not int or not 0 <= value <= most:
+            raise DedupConfigError(f"{name} must be an int from 0 to {most:,}; got {value!r}")
+        return value
+
+    return check
 
 
 class DedupConfig:
@@ -277,7 +286,7 @@ class DedupConfig:
     )
     local_retries = Setting[int](
         0,
-        _retries,
+        _count(MAX_LOCAL_RETRIES),
         "local_retries",
         "How many more times a failed handler runs in place (the claim still held) before "
         "the message is answered RECONSUME_LATER; 0 (the default) leaves every retry to the "
@@ -311,6 +320,23 @@ class DedupConfig:
         _bigint,
         "sequence_start",
         "The sequence number an entity never seen expects under 'strict' (a signed 64-bit int).",
+    )
+
+    max_reconsume_times = Setting[int](
+        DEFAULT_MAX_RECONSUME_TIMES,
+        _count(MAX_RECONSUME_TIMES),
+        "max_reconsume_times",
+        "How many times the broker retries a failed message before the DLQ (the Java "
+        "consumer's maxReconsumeTimes; the consumer group's retryMaxTimes on the server): with "
+        "max_delivery_delay_minutes it gives the redelivery horizon, and a listener warns when "
+        "it is made if dedup_record_reserve_minutes is shorter. Changes nothing on the broker.",
+    )
+    max_delivery_delay_minutes = Setting[float](
+        0,
+        _duration(60_000, zero=True),
+        "max_delivery_delay_ms",
+        "The longest delay your producers give a message (delayed and timer messages), in "
+        "minutes: added to the redelivery horizon (max_reconsume_times). 0 by default.",
     )
 
     def __init__(
@@ -423,6 +449,15 @@ class DedupConfig:
     def max_processing_ms(self) -> int:
         """``max_processing_milli_seconds`` in whole milliseconds."""
         return self.snapshot().max_processing_ms
+
+    @property
+    def redelivery_horizon_ms(self) -> int:
+        """How long after a message is consumed the broker may still deliver a copy of it
+        (:mod:`rocketmq_dedup.horizon`): ``max_reconsume_times`` retries on RocketMQ's
+        default delay levels, plus ``max_delivery_delay_minutes``. Keep CONSUMED records at
+        least this long (``dedup_record_reserve_minutes``)."""
+        snap = self.snapshot()
+        return redelivery_horizon_ms(snap.max_reconsume_times, snap.max_delivery_delay_ms)
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -53,6 +53,11 @@ class TransactionMisuseError(DedupError):
     gives that connection to another message."""
 
 
+class BrokerError(DedupError):
+    """The RocketMQ name server or broker could not be reached, or refused a request of the
+    operator's dead-letter tool (``rocketmq-dedup dlq``): the message says which and why."""
+
+
 class MissingExtraError(DedupError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, List, Optional, TypeVar
 from rocketmq_dedup._threads import keep_thread_state, thread_kept
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.hooks import Hooks
+from rocketmq_dedup.horizon import warn_if_retention_short
 from rocketmq_dedup.message import message_id
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
 from rocketmq_dedup.strategy import BatchResult, Strategy, make_strategy
@@ -33,6 +34,8 @@ class BaseDedupListener(abc.ABC):
     hooks are read once, when the listener is made: override them in the subclass.
 
     :param dedup_config: where and how to dedup; None disables dedup (as in the Java original).
+        A warning is logged when its ``dedup_record_reserve_minutes`` is shorter than the
+        broker's redelivery horizon (:mod:`rocketmq_dedup.horizon`).
     """
 
     #: The business logic; each kind of listener declares its own signature.
@@ -43,6 +46,14 @@ class BaseDedupListener(abc.ABC):
         self._strategy = self._make_strategy(dedup_config, self._hooks())
         if dedup_config is None:
             logger.info("%s has no DedupConfig: dedup is disabled", type(self).__name__)
+        elif dedup_config.enabled:  # at start: records kept shorter than the retries last
+            snap = dedup_config.snapshot()
+            warn_if_retention_short(
+                snap.application_name,
+                snap.retention_ms,
+                snap.max_reconsume_times,
+                snap.max_delivery_delay_ms,
+            )
 
     def _hooks(self) -> Hooks:
         """This listener's methods for its strategy, bound once: the optional ones only when

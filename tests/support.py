@@ -50,6 +50,18 @@ def mysql_connect(driver: str = "mysqlclient", **overrides: Any) -> Callable[[],
     return functools.partial(MySQLdb.connect, **params)
 
 
+def sql(query: str, *params: Any) -> List[Any]:
+    """One statement on a new autocommit connection to the test database; its rows."""
+    conn = mysql_connect()()
+    try:
+        conn.autocommit(True)
+        cur = conn.cursor()
+        cur.execute(query, params)
+        return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll ``condition`` until it returns a truthy value; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

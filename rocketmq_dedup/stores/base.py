@@ -96,12 +96,17 @@ class ClaimResult(NamedTuple):
 
 
 class StoreStats(NamedTuple):
-    """Live records of one application, by status, and its longest-held claims."""
+    """Live records of one application, by status, its longest-held claims, and its oldest
+    CONSUMED record."""
 
     counts: Dict[str, int]
     """Records by status (``CONSUMING``, ``CONSUMED``; ``other`` for unreadable values)."""
     oldest_claims: List[Record]
     """CONSUMING records, longest held first (claims made by this library carry their time)."""
+    oldest_consumed: Optional[Record] = None
+    """The CONSUMED record with the least time left (the oldest, when every record has the
+    same retention: its age is the retention less its time left, or its owner token's time);
+    None when there is none."""
 
 
 class Diagnosis(NamedTuple):
@@ -348,6 +353,20 @@ def oldest_claims(records: List[Record], limit: int) -> List[Record]:
     claims = [r for r in records if r.status is DedupStatus.CONSUMING]
     claims.sort(key=lambda r: (claimed_at(r.owner or "") or float("inf"), r.expires_in_ms or 0))
     return claims[:limit]
+
+
+def oldest_consumed(records: List[Record]) -> Optional[Record]:
+    """The CONSUMED record among ``records`` with the least time left, or None."""
+    consumed = [r for r in records if r.status is DedupStatus.CONSUMED]
+    return min(consumed, key=lambda r: r.expires_in_ms or 0, default=None)
+
+
+def records_stats(records: List[Record], limit: int) -> StoreStats:
+    """:class:`StoreStats` of the listed ``records`` of one application (the stores that list
+    every record: Redis, memory)."""
+    return StoreStats(
+        count_statuses(records), oldest_claims(records, limit), oldest_consumed(records)
+    )
 
 
 def count_statuses(records: List[Record]) -> Dict[str, int]:

@@ -15,8 +15,7 @@ from rocketmq_dedup.stores.base import (
     PerElementStore,
     Record,
     StoreStats,
-    count_statuses,
-    oldest_claims,
+    records_stats,
 )
 
 #: A record: (consumed, owner, expires at in clock seconds), kept under its element's fields as
@@ -158,4 +157,4 @@ class MemoryDedupStore(PerElementStore):
                 for e, r in self._records.items()
                 if e[0] == application and r[2] > now
             ]
-        return StoreStats(count_statuses(records), oldest_claims(records, limit))
+        return records_stats(records, limit)

@@ -102,6 +102,35 @@ def test_inspect_release_and_stats(target: Any, app_name: str) -> None:
     assert store.get_status(done) is None
 
 
+def test_stats_shows_the_oldest_consumed_record_against_the_retention(
+    target: Any, app_name: str
+) -> None:
+    """The CONSUMED record with the least time left: its age from its owner token's time, the
+    retention that gives (age + time left), and the redelivery horizon, flagged when longer;
+    with a token that carries no time, its age is the retention given less its time left."""
+    store, options = target
+    newer, older = (DedupElement(app_name, "T", "", k) for k in ("newer", "older"))
+    owner = new_owner_token()
+    store.claim(Claim(newer, owner), 60_000)
+    store.mark_consumed(Claim(newer, owner), 50 * 60_000)
+    store.mark_consumed(Claim(older, new_owner_token()), 30 * 60_000)
+
+    result = run("stats", *options, "--app", app_name)
+    assert result.returncode == 0, result.stderr
+    shown = result.stdout[result.stdout.index("oldest CONSUMED record:") :]
+    assert "T older" in shown and "time left           30.0 min" in shown
+    assert "retention           30.0 min (about)" in shown
+    assert "4.8 h (16 retries) LONGER than the retention" in shown
+    covered = run("stats", *options, "--app", app_name, "--max-reconsume-times", "3")
+    assert "1.7 min (3 retries)" in covered.stdout and "LONGER" not in covered.stdout
+
+    store.mark_consumed(Claim(older, "written-by-another-program"), 20 * 60_000)
+    given = run("stats", *options, "--app", app_name, "--retention-minutes", "60")
+    shown = given.stdout[given.stdout.index("oldest CONSUMED record:") :]
+    assert "age                 40.0 min (T older)" in shown
+    assert "retention           1.0 h (given)" in shown
+
+
 def test_purge_dry_run_then_purge(mysql_table: str, app_name: str, request: Any) -> None:
     """purge --dry-run counts expired rows and deletes nothing; purge deletes them."""
     store: DedupStore = make_store("mysql", request)

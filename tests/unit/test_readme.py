@@ -252,6 +252,7 @@ def exported_prometheus() -> Set[str]:
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
     metrics.leases("app", 1, 1)
+    metrics.purge("t_rocketmq_dedup", 1, 2.0)
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 
@@ -268,6 +269,7 @@ def exported_opentelemetry() -> Set[str]:
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
     metrics.leases("app", 1, 1)
+    metrics.purge("t_rocketmq_dedup", 1, 2.0)
     data = reader.get_metrics_data()
     assert data is not None
     return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}

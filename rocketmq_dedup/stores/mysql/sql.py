@@ -75,9 +75,9 @@ RENEW_SQL = (
     "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
 )
 # The purge's scan: the next batch of keys after a key, in primary-key order (a consistent,
-# unlocked read), each with whether it has expired on the server's clock.
+# unlocked read), each with how long ago it expired on the server's clock (ms; >= 0: expired).
 PURGE_SCAN_SQL = (
-    f"SELECT dedup_key, expire_time <= {NOW_MS} FROM {{table}} "
+    f"SELECT dedup_key, {NOW_MS} - expire_time FROM {{table}} "
     "WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
 )
 # Deletes the listed rows that are still expired (one may have been taken over since the scan).
@@ -97,6 +97,12 @@ STATS_SQL = (
 CLAIMS_SQL = (
     f"SELECT {_RECORD_COLUMNS} FROM {{table}} "
     f"WHERE application_name = %s AND status = 'CONSUMING' AND expire_time > {NOW_MS}"
+)
+# The live CONSUMED record with the least time left (rocketmq-dedup stats: its age).
+OLDEST_CONSUMED_SQL = (
+    f"SELECT {_RECORD_COLUMNS} FROM {{table}} "
+    f"WHERE application_name = %s AND status = 'CONSUMED' AND expire_time > {NOW_MS} "
+    "ORDER BY expire_time LIMIT 1"
 )
 # The columns and primary key the store needs (rocketmq-dedup check).
 COLUMNS_SQL = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
@@ -34,6 +34,7 @@ from rocketmq_dedup.stores.mysql.connection import (
 )
 from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
+from rocketmq_dedup.stores.mysql.purge import MySQLPurgeSession, purge_step
 from rocketmq_dedup.stores.mysql.rows import readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
     CHECK_SQL,
@@ -47,8 +48,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
     MARK_SQL,
-    PURGE_SCAN_SQL,
-    PURGE_SQL,
+    OLDEST_CONSUMED_SQL,
     RELEASE_SQL,
     RENEW_SQL,
     REQUIRED_COLUMNS,
@@ -61,6 +61,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     validate_table_name,
 )
 from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
+from rocketmq_dedup.stores.purge import PurgeBatch
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,6 @@ class MySQLDedupStore(DedupStore):
         table = quote_table(table_name)
         self._sql: Dict[str, str] = {
             "release": RELEASE_SQL.format(table=table),
-            "purge_scan": PURGE_SCAN_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
             "mark": MARK_SQL.format(table=table),
         }
@@ -302,28 +302,23 @@ class MySQLDedupStore(DedupStore):
             raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
         total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
         while True:
-            step: Tuple[int, int, bytes] = self._call(
-                self._op, self._purge_step, after, batch_size, dry_run
+            batch: PurgeBatch = self._call(
+                self._op, purge_step, self._table, after, batch_size, dry_run
             )
-            expired, rows, after = step
-            total += expired
-            scanned += rows
+            total += batch.deleted
+            scanned += batch.scanned
+            after = batch.last_key
             if progress is not None:
                 progress(scanned, total)
-            if rows < batch_size:
+            if batch.scanned < batch_size:
                 return total
 
-    def _purge_step(
-        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
-    ) -> Tuple[int, int, bytes]:
-        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
-        rows = runner.run(self._sql["purge_scan"], (after, batch_size), True)
-        expired = [bytes(key) for key, is_expired in rows if is_expired]
-        count = len(expired)
-        if expired and not dry_run:
-            sql = PURGE_SQL.format(table=self._table, marks=", ".join(["%s"] * len(expired)))
-            count = int(runner.run(sql, expired, False))
-        return count, len(rows), bytes(rows[-1][0]) if rows else after
+    def purge_session(self) -> MySQLPurgeSession:
+        """A session of its own for the in-process purger (:class:`rocketmq_dedup.Purger`):
+        a new connection from the factory, outside the pool, that takes the table's purge
+        lock (``GET_LOCK``) and deletes expired rows in batches
+        (:mod:`rocketmq_dedup.stores.purge`)."""
+        return MySQLPurgeSession(self._open_runner, self.table_name, self._table, self.wrap_error)
 
     # -- I/O hooks -----------------------------------------------------------------------
 
@@ -499,7 +494,8 @@ class MySQLDedupStore(DedupStore):
         app = readable(application)
         counts = {str(column_text(s)): int(n) for s, n in self._query(STATS_SQL, (app,))}
         claims = [_listed(row) for row in self._query(CLAIMS_SQL, (app,))]
-        return StoreStats(counts, oldest_claims(claims, limit))
+        oldest = [_listed(row) for row in self._query(OLDEST_CONSUMED_SQL, (app,))]
+        return StoreStats(counts, oldest_claims(claims, limit), oldest[0] if oldest else None)
 
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []

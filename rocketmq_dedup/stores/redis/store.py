@@ -57,9 +57,8 @@ from rocketmq_dedup.stores.base import (
     Diagnosis,
     Record,
     StoreStats,
-    count_statuses,
-    oldest_claims,
     parse_status,
+    records_stats,
     round_trip,
 )
 from rocketmq_dedup.stores.redis import transport
@@ -245,7 +244,7 @@ class RedisDedupStore(DedupStore):
                 )
                 if record is not None:
                     records.append(record)
-        return StoreStats(count_statuses(records), oldest_claims(records, limit))
+        return records_stats(records, limit)
 
     def do_diagnose(self) -> List[Diagnosis]:
         """The server version, the claim path it allows, the scripts, the round-trip time."""
