@@ -240,6 +240,58 @@ def test_the_options_table_is_dedup_configs_settings_with_their_defaults() -> No
         assert default == defaults[name], name
 
 
+#: A non-default value of each store option, and the client of the store that takes it (built
+#: without a server: check_store=False, no connection until a message).
+STORE_OPTION_VALUES = {
+    "table_name": ("mysql", "t_orders_dedup"),
+    "pool_size": ("mysql", 3),
+    "pool_timeout": ("mysql", 1.5),
+    "key_prefix": ("redis", "ORDERS"),
+}
+
+
+def store_client(kind: str) -> Any:
+    if kind == "redis":
+        import redis
+
+        return redis.Redis(port=1)
+    return lambda: None  # a MySQL connection factory never called
+
+
+def test_the_readme_says_which_options_are_attributes_and_where_to_read_the_others() -> None:
+    """Every setting row is an attribute of the config, read back and assigned; every row
+    that points at ``config.persist.NAME`` is the store's option, readable there with the
+    value given and not an attribute of the config; the paragraph names exactly those; and
+    check_store, said to be not kept, is not kept."""
+    from rocketmq_dedup.stores import STORE_OPTIONS
+
+    text = section("Configuration")
+    rows = {row[0].strip("`"): row[2] for row in table_rows(text, "| option | default | meaning |")}
+    on_store = {name for name, meaning in rows.items() if f"`config.persist.{name}`" in meaning}
+    assert on_store == set(STORE_OPTIONS) == set(STORE_OPTION_VALUES)
+    paragraph = text[: text.index("| option | default | meaning |")]
+    claim = paragraph[paragraph.index("The store's options (") :]
+    assert set(re.findall(r"`(\w+)`", claim[: claim.index(")")])) == on_store
+    assert "read as `config.persist.table_name`" in paragraph
+    for name in on_store:
+        kind, value = STORE_OPTION_VALUES[name]
+        config = DedupConfig.enable_dedup_consume_config(
+            "app", store_client(kind), check_store=False, **{name: value}
+        )
+        assert getattr(config.persist, name) == value, name
+        assert not hasattr(config, name), name
+    assert "not kept" in rows["check_store"]
+    config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore(), check_store=True)
+    assert not hasattr(config, "check_store")
+    settings = set(rows) - on_store - {"check_store"}
+    assert settings == set(DedupConfig.settings())
+    assert "Every setting is\nalso an attribute of the config" in paragraph
+    for name in settings:
+        default = DedupConfig.settings()[name]
+        setattr(config, name, default)  # the Java setter, validated
+        assert getattr(config, name) == default, name
+
+
 def exported_prometheus() -> Set[str]:
     """The sample names PrometheusMetrics exports once every kind of event happened."""
     from prometheus_client import CollectorRegistry
