@@ -1,6 +1,6 @@
 """The SampleListener on a classic PushConsumer, deduping on Redis, with its Prometheus
-metrics served on http://127.0.0.1:8000/metrics (what ops/ watches: the alerting rules and the
-Grafana dashboard). Runs until Ctrl-C.
+metrics served on http://127.0.0.1:8000/metrics (what the operator kit in rocketmq_dedup/ops
+watches: the alerting rules and the Grafana dashboard). Runs until Ctrl-C.
 
 python -m samples.redis_consumer --redis redis://127.0.0.1:16379/0 --metrics-port 8000
 

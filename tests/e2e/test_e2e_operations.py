@@ -1,15 +1,14 @@
-"""The operator kit (ops/) against real data: a real Prometheus (scripts/services.sh, Debian's
-package) scrapes samples/redis_consumer.py consuming through the real broker, with its records
-in a Redis server this test starts and later kills. The traffic produces, honestly, every event
-the rules watch: a storm of copies of two orders (duplicates in progress, then of a consumed
-order, at more than a delivery every 10 s), a key reused with another body (a payload
-mismatch), a claim an operator releases with `rocketmq-dedup release` under its running handler
-(a lease lost), handlers slower than the rule's 10 s, two poisoned orders whose handler fails on
-every redelivery (heading to the DLQ), and a store outage (store errors, messages run without
-dedup). Then every rule's
-expression and every dashboard panel's query, evaluated by Prometheus over its HTTP API,
-returns data for this run's application, and every alert is pending or firing. The classic
-client only (the sample consumer uses it).
+"""The operator kit (rocketmq_dedup/ops/) against real data: a real Prometheus
+(scripts/services.sh, Debian's package) scrapes samples/redis_consumer.py consuming through the
+real broker, with its records in a Redis server this test starts and later kills. The traffic
+produces, honestly, every event the rules watch: a storm of copies of two orders (duplicates in
+progress, then of a consumed order, at more than a delivery every 10 s), a key reused with
+another body (a payload mismatch), a claim an operator releases with `rocketmq-dedup release`
+under its running handler (a lease lost), handlers slower than the rule's 10 s, two poisoned
+orders whose handler fails on every redelivery (heading to the DLQ), and a store outage (store
+errors, messages run without dedup). Then every rule's expression and every dashboard panel's
+query, evaluated by Prometheus over its HTTP API, returns data for this run's application, and
+every alert is pending or firing. The classic client only (the sample consumer uses it).
 
 The panels' time series are written to $STATE/operations-<run>.json;
 ``python -m tests.e2e.render_dashboard DUMP PNG`` draws them (docs/operations-dashboard.png)."""
@@ -43,8 +42,8 @@ pytestmark = pytest.mark.e2e
 
 PROMETHEUS = os.environ.get("DEDUP_PROMETHEUS_URL", "http://127.0.0.1:19090")
 PROMETHEUS_DIR = Path(os.environ.get("DEDUP_PROMETHEUS_DIR", STATE / "services" / "prometheus"))
-RULES = REPO / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
-DASHBOARD = REPO / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
+RULES = REPO / "rocketmq_dedup" / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
+DASHBOARD = REPO / "rocketmq_dedup" / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
 HANDLE_SECONDS = 11  # above RocketmqDedupHandlerSlow's 10 s
 LEASE_MS = 3000  # renewed every second while a handler runs
 STORM = 8  # copies of each storm order, sent at once

@@ -1,8 +1,9 @@
-"""The operator kit (ops/): the Prometheus rules pass ``promtool check rules`` and their unit
-tests (``promtool test rules``), the Grafana dashboard's queries are valid PromQL, and every
-metric and label the rules and the dashboard use is one PrometheusMetrics exports. No server:
-promtool works on files (Debian's prometheus package, installed by scripts/bootstrap.sh). The
-queries are evaluated against a real consumer by tests/e2e/test_e2e_operations.py."""
+"""The operator kit (rocketmq_dedup/ops/): the Prometheus rules pass ``promtool check rules`` and
+their unit tests (``promtool test rules``), the Grafana dashboard's queries are valid PromQL,
+and every metric and label the rules and the dashboard use is one PrometheusMetrics exports. No
+server: promtool works on files (Debian's prometheus package, installed by
+scripts/bootstrap.sh). The queries are evaluated against a real consumer by
+tests/e2e/test_e2e_operations.py."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from tests.unit.test_readme import README, anchor, english_and_chinese
 from tests.unit.test_testing import Recording
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
-RULE_TESTS = REPO / "ops" / "prometheus" / "rocketmq-dedup.rules.test.yml"
-DASHBOARD = REPO / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
+RULES = REPO / "rocketmq_dedup" / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
+RULE_TESTS = REPO / "rocketmq_dedup" / "ops" / "prometheus" / "rocketmq-dedup.rules.test.yml"
+DASHBOARD = REPO / "rocketmq_dedup" / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
 #: What Grafana puts in place of the dashboard's variables (the e2e test does the same).
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$app": ".*"}
 METRIC = re.compile(r"\b(rocketmq_dedup_\w+)")

@@ -9,6 +9,7 @@ import enum
 import inspect
 import logging
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
@@ -146,6 +147,34 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+PROJECT_URLS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+REPOSITORY = PROJECT_URLS["Repository"]
+REPO_LINK = re.compile(rf"^{re.escape(REPOSITORY)}/(blob|tree|raw)/main/([^#]+)(?:#(.+))?$")
+
+
+def repo_target(url: str) -> Tuple[str, str, str]:
+    """(kind, path, fragment) of a link to this repository's main branch: ``blob`` (a file),
+    ``tree`` (a folder) or ``raw`` (a file's bytes, for images)."""
+    match = REPO_LINK.match(url)
+    assert match, f"{url} is not a link to {REPOSITORY}'s main branch"
+    return match.group(1), match.group(2), match.group(3) or ""
+
+
+def assert_resolves(url: str) -> None:
+    """An absolute link; one into the repository names a file or folder that exists here,
+    and an anchor of the README one of its headings."""
+    assert url.startswith("https://"), f"{url}: not absolute (the package index shows it)"
+    if not url.startswith(REPOSITORY + "/"):
+        return
+    kind, path, fragment = repo_target(url)
+    target = REPO / path
+    assert target.is_dir() if kind == "tree" else target.is_file(), url
+    if fragment:
+        assert path == "README.md", url
+        headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", README.read_text(), re.M)}
+        assert fragment in headings, url
+
+
 QUICK_START = re.compile(r"^## Quick start\n.*?^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
@@ -161,17 +190,29 @@ def test_the_first_screen_says_what_why_how_to_set_up_and_a_short_quick_start() 
     [code] = QUICK_START.findall(first)
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) <= 15, len(lines)
-    headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
     contents = section("Contents")
-    links = re.findall(r"\]\(([^)]+)\)", contents)
+    links = [repo_target(link) for link in re.findall(r"\]\(([^)]+)\)", contents)]
+    anchors = {fragment for _, path, fragment in links if path == "README.md"}
     for needed in ("configuration", "operating-it", "performance", "under-faults"):
-        assert f"#{needed}" in links, needed
-    assert any(link.startswith("#exactly-once") for link in links)
-    for link in links + re.findall(r"\]\((#[^)]+)\)", first):
-        if link.startswith("#"):
-            assert link[1:] in headings, link
-        else:
-            assert (REPO / link).exists(), link
+        assert needed in anchors, needed
+    assert any(a.startswith("exactly-once") for a in anchors)
+    for link in re.findall(r"\]\(([^)]+)\)", contents + first):
+        assert_resolves(link)
+
+
+MARKDOWN_LINK = re.compile(r"(!?)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_link_and_image_is_absolute_and_resolves() -> None:
+    """The README is the package's long description, and the package index resolves no
+    relative link: every link and image is an absolute URL; those into the repository name
+    files and folders that exist and README headings, images by their raw bytes."""
+    links = MARKDOWN_LINK.findall(README.read_text())
+    assert len(links) >= 30
+    for bang, url in links:
+        assert_resolves(url)
+        if bang and url.startswith(REPOSITORY):
+            assert repo_target(url)[0] == "raw", url
 
 
 def test_the_quick_start_is_the_samples_essentials() -> None:

@@ -359,25 +359,31 @@ def cli_runs() -> Iterator[Tuple[str, List[str], Set[str]]]:
                 yield checked.install, words[3:], hidden
 
 
-def test_the_command_lines_commands_run_with_only_what_their_install_line_gives() -> None:
+def test_the_command_lines_commands_run_with_only_what_their_install_line_gives(
+    tmp_path: Path,
+) -> None:
     """Each ``rocketmq-dedup``/``python -m rocketmq_dedup`` command after an install line,
     run with every module that line does not install hidden, never stops to ask for an extra
     (it may still fail to reach a server that is not running)."""
     runs = list(cli_runs())
     assert any(args[:2] == ["schema", "mysql"] for _, args, _ in runs)
     for install, args, hidden in runs:
-        result = run_hidden(sorted(hidden), args)
+        result = run_hidden(sorted(hidden), args, cwd=tmp_path)
         output = result.stdout + result.stderr
         assert "pip install" not in output and "Traceback" not in output, (install, args, output)
 
 
-def run_hidden(hidden: List[str], args: List[str]) -> subprocess.CompletedProcess[str]:
-    """``rocketmq-dedup ARGS`` with the modules ``hidden`` not importable."""
+def run_hidden(
+    hidden: List[str], args: List[str], cwd: Optional[Path] = None
+) -> subprocess.CompletedProcess[str]:
+    """``rocketmq-dedup ARGS`` with the modules ``hidden`` not importable, in ``cwd`` (a
+    command may write there: ``ops export DIR``)."""
     return subprocess.run(
         [sys.executable, "-c", HIDE_ALL_BUT.format(hidden=sorted(hidden), args=args)],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=cwd,
     )
 
 
