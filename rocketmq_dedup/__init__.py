@@ -8,6 +8,7 @@ writes and the dedup record in one transaction (exactly once).
 
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.errors import (
+    ClientConflictError,
     DedupConfigError,
     DedupError,
     MissingExtraError,
@@ -48,6 +49,7 @@ __all__ = [
     "BatchResult",
     "Claim",
     "ClaimResult",
+    "ClientConflictError",
     "ConsumeStatus",
     "DedupConcurrentListener",
     "DedupConfig",

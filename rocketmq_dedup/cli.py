@@ -15,10 +15,13 @@ unknown table outside ``check``, a key with no live record) or an unreachable st
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from rocketmq_dedup.errors import DedupError, MissingExtraError
@@ -408,6 +411,45 @@ def schema_mysql(table: str) -> None:
     except DedupError as exc:
         raise UsageProblem(str(exc)) from exc
     click.echo("\n\n".join(s + ";" for s in statements))
+
+
+def kit_files() -> Iterator[Tuple[str, Traversable]]:
+    """The operator kit shipped in the package (``rocketmq_dedup/ops``): each file's path in
+    the kit (``prometheus/rocketmq-dedup.rules.yml``...) and the file."""
+
+    def walk(folder: Traversable, prefix: str) -> Iterator[Tuple[str, Traversable]]:
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.is_dir():
+                yield from walk(entry, f"{prefix}{entry.name}/")
+            elif not entry.name.startswith((".", "__")):
+                yield f"{prefix}{entry.name}", entry
+
+    return walk(importlib.resources.files("rocketmq_dedup").joinpath("ops"), "")
+
+
+@cli.group()
+def ops() -> None:
+    """The operator kit: Prometheus alerting rules, their promtool tests, a Grafana
+    dashboard."""
+
+
+@ops.command("export")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite files that exist.")
+def ops_export(directory: Path, force: bool) -> None:
+    """Write the kit's files into DIRECTORY (prometheus/, grafana/), as shipped with this
+    version; files that exist are left alone unless --force."""
+    files = list(kit_files())
+    existing = [name for name, _ in files if (directory / name).exists()]
+    if existing and not force:
+        raise UsageProblem(
+            f"{', '.join(str(directory / n) for n in existing)} exist(s): --force overwrites"
+        )
+    for name, source in files:
+        target = directory / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        click.echo(str(target))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

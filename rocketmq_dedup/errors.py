@@ -65,3 +65,11 @@ class MissingExtraError(DedupError, ImportError):
         super().__init__(f"{module!r} is not installed: pip install 'rocketmq-dedup[{extra}]'")
         self.module = module
         self.extra = extra
+
+
+class ClientConflictError(DedupError, ImportError):
+    """Both RocketMQ clients are installed in one environment: the classic
+    ``rocketmq-client-python`` (``[rocketmq]``) and the 5.x ``rocketmq-python-client``
+    (``[rocketmq5]``) install the same top-level package ``rocketmq`` over each other, so
+    neither is whole. Raised when an adapter is used; the message says which one's files the
+    shared package now has and how to get back to one client."""

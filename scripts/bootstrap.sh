@@ -14,7 +14,7 @@ CLASSIC_CLIENT="rocketmq-client-python==0.5.0rc2"
 GRPC_CLIENT="rocketmq-python-client==5.1.2"
 
 # long steps log a progress line every 15 s (with_progress, scripts/lib.sh)
-# prometheus: promtool, for the unit tests of the operator kit (ops/prometheus)
+# prometheus: promtool, for the unit tests of the operator kit (rocketmq_dedup/ops/prometheus)
 with_progress 15 "installing Debian packages" apt_install libmariadb-dev pkg-config gcc prometheus
 
 install_venv() {  # install_venv DIR PIP-ARGS...

@@ -13,7 +13,7 @@
 # Redis Sentinel: a master on 127.0.0.1:16380 watched by one sentinel on 127.0.0.1:26379 (service mymaster).
 # Prometheus: 127.0.0.1:19090, scraping every second the targets whose file_sd files tests drop in
 # $STATE/prometheus/targets/*.json, evaluating the rule files in $STATE/prometheus/rules/*.yml
-# (POST /-/reload after a change: tests copy ops/prometheus/*.rules.yml there).
+# (POST /-/reload after a change: tests copy rocketmq_dedup/ops/prometheus/*.rules.yml there).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from rocketmq_dedup.adapters.clients import check_one_client
+
 
 def set_name_server(client: Any, address: str) -> None:
     """Set the name server on a producer or consumer of either client version
-    (``set_name_server_address`` in 2.x, ``set_namesrv_addr`` in 0.5.0rc2)."""
+    (``set_name_server_address`` in 2.x, ``set_namesrv_addr`` in 0.5.0rc2). Raises
+    :class:`~rocketmq_dedup.errors.ClientConflictError` when the 5.x client is installed
+    beside the classic one (they share the ``rocketmq`` package)."""
+    check_one_client()
     for name in ("set_name_server_address", "set_namesrv_addr"):
         setter = getattr(client, name, None)
         if callable(setter):

@@ -90,10 +90,11 @@ def venvs() -> Iterator[Dict[str, Path]]:
 def run_python(python: Path, code: str) -> subprocess.CompletedProcess[str]:
     home = STATE / "extras-home"  # the RocketMQ clients log under $HOME
     home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not the checkout
     return subprocess.run(
         [str(python), "-c", code],
         cwd=home,  # not the repository: import what the venv installed
-        env={**os.environ, "HOME": str(home)},
+        env={**env, "HOME": str(home)},
         capture_output=True,
         text=True,
         timeout=60,

@@ -82,3 +82,17 @@ def test_missing_cli_extra_is_one_clear_line() -> None:
     assert result.returncode == 2
     assert "pip install 'rocketmq-dedup[cli]'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cli_writes_out_the_operator_kit(tmp_path: Path) -> None:
+    """``ops export DIR``: the kit's files as the package holds them; an existing file is
+    refused (exit 2) unless --force."""
+    kit = Path(rocketmq_dedup.__file__).parent / "ops"
+    result = run_module("ops", "export", str(tmp_path / "kit"))
+    assert result.returncode == 0, result.stderr
+    for name in ("prometheus/rocketmq-dedup.rules.yml", "grafana/rocketmq-dedup-dashboard.json"):
+        assert (tmp_path / "kit" / name).read_bytes() == (kit / name).read_bytes()
+        assert str(tmp_path / "kit" / name) in result.stdout.splitlines()
+    again = run_module("ops", "export", str(tmp_path / "kit"))
+    assert again.returncode == 2 and "--force overwrites" in again.stderr
+    assert run_module("ops", "export", "--force", str(tmp_path / "kit")).returncode == 0

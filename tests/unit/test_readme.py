@@ -9,6 +9,7 @@ import enum
 import inspect
 import logging
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
@@ -146,6 +147,34 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+PROJECT_URLS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+REPOSITORY = PROJECT_URLS["Repository"]
+REPO_LINK = re.compile(rf"^{re.escape(REPOSITORY)}/(blob|tree|raw)/main/([^#]+)(?:#(.+))?$")
+
+
+def repo_target(url: str) -> Tuple[str, str, str]:
+    """(kind, path, fragment) of a link to this repository's main branch: ``blob`` (a file),
+    ``tree`` (a folder) or ``raw`` (a file's bytes, for images)."""
+    match = REPO_LINK.match(url)
+    assert match, f"{url} is not a link to {REPOSITORY}'s main branch"
+    return match.group(1), match.group(2), match.group(3) or ""
+
+
+def assert_resolves(url: str) -> None:
+    """An absolute link; one into the repository names a file or folder that exists here,
+    and an anchor of the README one of its headings."""
+    assert url.startswith("https://"), f"{url}: not absolute (the package index shows it)"
+    if not url.startswith(REPOSITORY + "/"):
+        return
+    kind, path, fragment = repo_target(url)
+    target = REPO / path
+    assert target.is_dir() if kind == "tree" else target.is_file(), url
+    if fragment:
+        assert path == "README.md", url
+        headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", README.read_text(), re.M)}
+        assert fragment in headings, url
+
+
 QUICK_START = re.compile(r"^## Quick start\n.*?^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
@@ -161,17 +190,29 @@ def test_the_first_screen_says_what_why_how_to_set_up_and_a_short_quick_start() 
     [code] = QUICK_START.findall(first)
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) <= 15, len(lines)
-    headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
     contents = section("Contents")
-    links = re.findall(r"\]\(([^)]+)\)", contents)
+    links = [repo_target(link) for link in re.findall(r"\]\(([^)]+)\)", contents)]
+    anchors = {fragment for _, path, fragment in links if path == "README.md"}
     for needed in ("configuration", "operating-it", "performance", "under-faults"):
-        assert f"#{needed}" in links, needed
-    assert any(link.startswith("#exactly-once") for link in links)
-    for link in links + re.findall(r"\]\((#[^)]+)\)", first):
-        if link.startswith("#"):
-            assert link[1:] in headings, link
-        else:
-            assert (REPO / link).exists(), link
+        assert needed in anchors, needed
+    assert any(a.startswith("exactly-once") for a in anchors)
+    for link in re.findall(r"\]\(([^)]+)\)", contents + first):
+        assert_resolves(link)
+
+
+MARKDOWN_LINK = re.compile(r"(!?)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_link_and_image_is_absolute_and_resolves() -> None:
+    """The README is the package's long description, and the package index resolves no
+    relative link: every link and image is an absolute URL; those into the repository name
+    files and folders that exist and README headings, images by their raw bytes."""
+    links = MARKDOWN_LINK.findall(README.read_text())
+    assert len(links) >= 30
+    for bang, url in links:
+        assert_resolves(url)
+        if bang and url.startswith(REPOSITORY):
+            assert repo_target(url)[0] == "raw", url
 
 
 def test_the_quick_start_is_the_samples_essentials() -> None:
@@ -238,6 +279,58 @@ def test_the_options_table_is_dedup_configs_settings_with_their_defaults() -> No
                 defaults[name] = code_default(parameter.default)
     for name, default in documented.items():
         assert default == defaults[name], name
+
+
+#: A non-default value of each store option, and the client of the store that takes it (built
+#: without a server: check_store=False, no connection until a message).
+STORE_OPTION_VALUES = {
+    "table_name": ("mysql", "t_orders_dedup"),
+    "pool_size": ("mysql", 3),
+    "pool_timeout": ("mysql", 1.5),
+    "key_prefix": ("redis", "ORDERS"),
+}
+
+
+def store_client(kind: str) -> Any:
+    if kind == "redis":
+        import redis
+
+        return redis.Redis(port=1)
+    return lambda: None  # a MySQL connection factory never called
+
+
+def test_the_readme_says_which_options_are_attributes_and_where_to_read_the_others() -> None:
+    """Every setting row is an attribute of the config, read back and assigned; every row
+    that points at ``config.persist.NAME`` is the store's option, readable there with the
+    value given and not an attribute of the config; the paragraph names exactly those; and
+    check_store, said to be not kept, is not kept."""
+    from rocketmq_dedup.stores import STORE_OPTIONS
+
+    text = section("Configuration")
+    rows = {row[0].strip("`"): row[2] for row in table_rows(text, "| option | default | meaning |")}
+    on_store = {name for name, meaning in rows.items() if f"`config.persist.{name}`" in meaning}
+    assert on_store == set(STORE_OPTIONS) == set(STORE_OPTION_VALUES)
+    paragraph = text[: text.index("| option | default | meaning |")]
+    claim = paragraph[paragraph.index("The store's options (") :]
+    assert set(re.findall(r"`(\w+)`", claim[: claim.index(")")])) == on_store
+    assert "read as `config.persist.table_name`" in paragraph
+    for name in on_store:
+        kind, value = STORE_OPTION_VALUES[name]
+        config = DedupConfig.enable_dedup_consume_config(
+            "app", store_client(kind), check_store=False, **{name: value}
+        )
+        assert getattr(config.persist, name) == value, name
+        assert not hasattr(config, name), name
+    assert "not kept" in rows["check_store"]
+    config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore(), check_store=True)
+    assert not hasattr(config, "check_store")
+    settings = set(rows) - on_store - {"check_store"}
+    assert settings == set(DedupConfig.settings())
+    assert "Every setting is\nalso an attribute of the config" in paragraph
+    for name in settings:
+        default = DedupConfig.settings()[name]
+        setattr(config, name, default)  # the Java setter, validated
+        assert getattr(config, name) == default, name
 
 
 def exported_prometheus() -> Set[str]:

@@ -207,6 +207,11 @@ class MySQLDedupStore(DedupStore):
         """At most this many connections are open."""
         return self._pool.size
 
+    @property
+    def pool_timeout(self) -> float:
+        """How long (seconds) an operation waits for a connection when all are busy."""
+        return self._pool.timeout
+
     def describe(self) -> str:
         return self._description
 
