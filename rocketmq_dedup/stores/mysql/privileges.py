@@ -54,7 +54,9 @@ REFUSALS: Dict[int, str] = {
 }
 
 _ACCOUNT_IN_MESSAGE = re.compile(r"'([^']*)'@'([^']*)'")
-_COMMAND_DENIED = re.compile(r"(\w+) command denied")
+_COMMAND_DENIED = re.compile(r"([A-Z]+(?:, [A-Z]+)*) command denied")
+# MariaDB: "for table `db`.`t`"; MySQL: "for table 't'".
+_TABLE_IN_MESSAGE = re.compile(r"for table [`']([^`']+)[`'](?:\.[`']([^`']+)[`'])?")
 
 
 def grant_account(current_user: str) -> str:
@@ -71,11 +73,19 @@ def explain(
     database: Optional[str] = None,
 ) -> str:
     """What a person must do about refusal ``code`` (its server ``message``) met on the dedup
-    ``table``: the GRANT to run (for ``account``, as :func:`grant_account` gives it, else the
-    account the message names), the login to fix, or the server to point at."""
+    ``table`` (or the table the message names: the sequence table...): the GRANT to run (for
+    ``account``, as :func:`grant_account` gives it, else the account the message names), the
+    login to fix, or the server to point at."""
     if account is None:
         named = _ACCOUNT_IN_MESSAGE.search(message)
         account = f"'{named.group(1)}'@'{named.group(2)}'" if named else "<the account>"
+    denied_on = _TABLE_IN_MESSAGE.search(message)
+    if denied_on is not None:
+        first, second = denied_on.groups()
+        if second is not None:  # `db`.`table`
+            table = f"{first}.{second}"
+        elif first != table.rpartition(".")[2]:  # another table than the store's
+            table = first
     target = table if "." in table or not database else f"{database}.{table}"
     grant = f"GRANT {', '.join(PRIVILEGES)} ON {target} TO {account}"
     kind = REFUSALS[code]
