@@ -15,14 +15,13 @@ import pytest
 
 from rocketmq_dedup import (
     ConsumeStatus,
-    DedupConcurrentListener,
     DedupConfig,
     DedupConfigError,
     MySQLDedupStore,
     TransactionalDedupListener,
 )
-from rocketmq_dedup.metrics import Decision, DedupMetrics
 from rocketmq_dedup.testing import ClassicMessage, deliver
+from tests.integration.misconfigured import Counting, assert_never_run_without_dedup
 from tests.integration.private_servers import DATABASE, PrivateMariaDB
 from tests.integration.test_cli import run
 
@@ -80,28 +79,6 @@ def read_only(private_mariadb: PrivateMariaDB) -> Iterator[None]:
     private_mariadb.sql("SET GLOBAL read_only = 0")
 
 
-class Counting(DedupConcurrentListener):
-    """Counts its handler's runs."""
-
-    def __init__(self, config: DedupConfig) -> None:
-        super().__init__(config)
-        self.runs = 0
-
-    def do_handle_msg(self, msg: Any) -> bool:
-        self.runs += 1
-        return True
-
-
-class Outcomes(DedupMetrics):
-    """Records each decision's outcome label."""
-
-    def __init__(self) -> None:
-        self.outcomes: List[str] = []
-
-    def message(self, decision: Decision) -> None:
-        self.outcomes.append(decision.outcome.value)
-
-
 def config_for(server: PrivateMariaDB, driver: str, user: str, **options: Any) -> DedupConfig:
     factory = server.connect(driver, user, PASSWORD)
     options.setdefault("table_name", TABLE)
@@ -110,31 +87,6 @@ def config_for(server: PrivateMariaDB, driver: str, user: str, **options: Any) -
 
 def grant_of(user: str, target: str = TARGET) -> str:
     return f"GRANT {DML} ON {target} TO '{user}'@'127.0.0.1'"
-
-
-def assert_never_run_without_dedup(config: DedupConfig, caplog: pytest.LogCaptureFixture) -> str:
-    """Three deliveries of a key, and a batch: all RECONSUME_LATER, no handler ran, every
-    decision counted as store_misconfigured, no outage logged; the ERROR lines, joined."""
-    metrics = Outcomes()
-    config.metrics = metrics
-    listener = Counting(config)
-    key = uuid.uuid4().hex
-    with caplog.at_level(logging.INFO, logger="rocketmq_dedup"):
-        report = deliver(listener, ClassicMessage("m1", uniq_key=key), times=3)
-        batch = listener.consume_message(
-            [ClassicMessage(f"b{n}", uniq_key=f"{key}-{n}") for n in (1, 2)]
-        )
-    listener.close()
-    assert report.answers == (LATER, LATER, LATER)
-    assert batch.status is LATER and listener.runs == 0
-    # a batch stops at its first failure: the messages after it are counted when they return
-    assert metrics.outcomes == ["store_misconfigured"] * 4
-    lines = [r.getMessage() for r in caplog.records]
-    for outage in ("WITHOUT dedup", "reconnecting", "unavailable"):
-        assert not any(outage in line for line in lines), lines
-    errors = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
-    assert "the dedup store refused the operation" in errors, lines
-    return errors
 
 
 @pytest.mark.parametrize(
@@ -192,8 +144,8 @@ def test_a_user_without_insert_never_runs_a_handler_without_dedup(
     logged as a refusal naming the fix, never an outage (before: the handler ran 3 times in
     3 deliveries on mysqlclient and PyMySQL, logged as "connection failed ... reconnecting")."""
     user = make_user(*grants)
-    config = config_for(private_mariadb, driver, user, check_store=False)
-    errors = assert_never_run_without_dedup(config, caplog)
+    factory = private_mariadb.connect(driver, user, PASSWORD)
+    errors = assert_never_run_without_dedup(factory, caplog, table_name=TABLE)
     assert f"'{user}'@'127.0.0.1'" in errors and f"GRANT {DML} ON {TARGET}" in errors
 
 
@@ -210,8 +162,8 @@ def test_a_read_only_server_is_refused_at_start_and_never_runs_a_handler_without
     user = make_user(f"{DML} ON {TARGET}")
     with pytest.raises(DedupConfigError, match=r"1290.*takes no writes \(read-only\)"):
         config_for(private_mariadb, driver, user)
-    config = config_for(private_mariadb, driver, user, check_store=False)
-    assert "takes no writes" in assert_never_run_without_dedup(config, caplog)
+    factory = private_mariadb.connect(driver, user, PASSWORD)
+    assert "takes no writes" in assert_never_run_without_dedup(factory, caplog, table_name=TABLE)
 
 
 def test_a_user_with_select_insert_update_delete_works(
@@ -261,6 +213,29 @@ def test_the_exactly_once_listener_works_with_those_privileges_and_the_sequence_
         f"SELECT k, COUNT(*) FROM {DATABASE}.t_effects WHERE k LIKE '{entity}-%' GROUP BY k"
     )
     assert sorted(rows) == [(f"{entity}-1", 1), (f"{entity}-2", 1)]
+
+
+def test_the_exactly_once_listener_without_the_privileges_commits_nothing_and_is_no_outage(
+    private_mariadb: PrivateMariaDB,
+    make_user: Callable[..., str],
+    driver: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """TransactionalDedupListener, a user who may write its business table but only read the
+    dedup table: the record's INSERT is refused, so each delivery rolls back (no effect
+    committed) and is RECONSUME_LATER; the refusal is not logged as the business database
+    being unavailable (before: it was, 1142 counting as an outage)."""
+    user = make_user(f"SELECT ON {TARGET}", f"SELECT, INSERT ON {DATABASE}.t_effects")
+    config = config_for(private_mariadb, driver, user, check_store=False)
+    listener = Effects(config)
+    msg = ClassicMessage(f"eo-{user}-1", topic=f"eo-{user}", uniq_key=f"eo-{user}-1")
+    with caplog.at_level(logging.INFO, logger="rocketmq_dedup"):
+        assert deliver(listener, msg, times=3).answers == (LATER,) * 3
+    listener.close()
+    assert private_mariadb.sql(
+        f"SELECT COUNT(*) FROM {DATABASE}.t_effects WHERE k = '{msg.id}'"
+    ) == [(0,)]
+    assert "unavailable" not in caplog.text and "command denied" in caplog.text
 
 
 def test_the_check_before_create_table_proves_the_writes_in_create_table(

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Callable, Iterator, List
+from typing import Callable, Iterator, List
 
 import pytest
 import redis
 
-from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, DedupConfigError
-from rocketmq_dedup.metrics import Decision, DedupMetrics
+from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupConfigError
 from rocketmq_dedup.stores.redis.acl import acl_rules
 from rocketmq_dedup.testing import ClassicMessage, deliver
+from tests.integration.misconfigured import Counting, assert_never_run_without_dedup
 from tests.integration.private_servers import PrivateRedis, free_port
 from tests.integration.test_cli import run
 from tests.support import REDIS_URL
 
-LATER, SUCCESS = ConsumeStatus.RECONSUME_LATER, ConsumeStatus.CONSUME_SUCCESS
+SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 PASSWORD = "pw-misconfig"
 #: What the README tells users to give the application's user (tests/unit/test_readme.py).
 README_RULES = acl_rules("MSGDEDUP:*")
@@ -66,61 +66,12 @@ def private_redis() -> Iterator[Callable[..., PrivateRedis]]:
         server.stop()
 
 
-class Counting(DedupConcurrentListener):
-    """Counts its handler's runs."""
-
-    def __init__(self, config: DedupConfig) -> None:
-        super().__init__(config)
-        self.runs = 0
-
-    def do_handle_msg(self, msg: Any) -> bool:
-        self.runs += 1
-        return True
-
-
-class Outcomes(DedupMetrics):
-    """Records each decision's outcome label."""
-
-    def __init__(self) -> None:
-        self.outcomes: List[str] = []
-
-    def message(self, decision: Decision) -> None:
-        self.outcomes.append(decision.outcome.value)
-
-
 def app() -> str:
     return f"app-{uuid.uuid4().hex[:12]}"
 
 
 def user_of(client: redis.Redis) -> str:
     return str(client.connection_pool.connection_kwargs["username"])
-
-
-def assert_never_run_without_dedup(client: redis.Redis, caplog: pytest.LogCaptureFixture) -> str:
-    """With check_store=False and the default policy: three deliveries of a key, and a batch
-    (a script call), all RECONSUME_LATER, no handler ran, every decision counted as
-    store_misconfigured, no outage logged; the ERROR lines, joined."""
-    metrics = Outcomes()
-    config = DedupConfig.enable_dedup_consume_config(
-        app(), client, check_store=False, metrics=metrics
-    )
-    listener = Counting(config)
-    key = uuid.uuid4().hex
-    batch = [ClassicMessage(f"b{n}", uniq_key=f"{key}-{n}") for n in (1, 2)]
-    with caplog.at_level(logging.INFO, logger="rocketmq_dedup"):
-        report = deliver(listener, ClassicMessage("m1", uniq_key=key), times=3)
-        answered = listener.consume_message(batch)
-    listener.close()
-    assert report.answers == (LATER, LATER, LATER)
-    assert answered.status is LATER and listener.runs == 0
-    # a batch stops at its first failure: the messages after it are counted when they return
-    assert metrics.outcomes == ["store_misconfigured"] * 4
-    lines = [r.getMessage() for r in caplog.records]
-    for outage in ("WITHOUT dedup", "unavailable", "connection lost"):
-        assert not any(outage in line for line in lines), lines
-    errors = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
-    assert "the dedup store refused the operation" in errors, lines
-    return errors
 
 
 def test_a_read_only_acl_user_is_refused_at_start_naming_the_command(
