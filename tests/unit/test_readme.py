@@ -470,7 +470,7 @@ def test_the_store_accounts_needs_are_the_codes() -> None:
     from rocketmq_dedup.stores.mysql.privileges import PRIVILEGES
     from rocketmq_dedup.stores.redis.acl import acl_rules
 
-    english, chinese = english_and_chinese()
+    _, chinese = english_and_chinese()
     rules = acl_rules("MSGDEDUP:*")
     assert f"ACL SETUSER order-service on >password {rules}\n" in section("Quick start (Redis)")
     assert f"`{rules}`" in chinese
