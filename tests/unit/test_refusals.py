@@ -98,6 +98,8 @@ def test_the_grant_names_the_table_and_account_the_server_names() -> None:
         "the MySQL user 'app'@'h' lacks INSERT, UPDATE on orders.t_rocketmq_dedup_seq: GRANT"
     )
     assert " ON other.t_rocketmq_dedup TO " in explain(1142, mysql8, "other.t_rocketmq_dedup")
+    column = "SELECT command denied to user 'app'@'h' for column 'status' in table 't_seq'"
+    assert " lacks SELECT on orders.t_seq: GRANT " in explain(1143, column, "t", None, "orders")
 
 
 @pytest.mark.parametrize(

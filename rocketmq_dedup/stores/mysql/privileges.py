@@ -55,8 +55,8 @@ REFUSALS: Dict[int, str] = {
 
 _ACCOUNT_IN_MESSAGE = re.compile(r"'([^']*)'@'([^']*)'")
 _COMMAND_DENIED = re.compile(r"([A-Z]+(?:, [A-Z]+)*) command denied")
-# MariaDB: "for table `db`.`t`"; MySQL: "for table 't'".
-_TABLE_IN_MESSAGE = re.compile(r"for table [`']([^`']+)[`'](?:\.[`']([^`']+)[`'])?")
+# MariaDB: "for table `db`.`t`"; MySQL: "for table 't'"; a column's: "in table 't'".
+_TABLE_IN_MESSAGE = re.compile(r"(?:for|in) table [`']([^`']+)[`'](?:\.[`']([^`']+)[`'])?")
 
 
 def grant_account(current_user: str) -> str:
