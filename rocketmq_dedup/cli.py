@@ -7,7 +7,8 @@ Stores are named by URL: ``--redis redis://[:password@]host:port/db`` (also ``re
 (``ROCKETMQ_DEDUP_REDIS_URL``, ``ROCKETMQ_DEDUP_MYSQL_URL``), and so may the passwords
 (``REDISCLI_AUTH``, ``ROCKETMQ_DEDUP_MYSQL_PASSWORD``), to keep them off the command line.
 
-Exit status: 0 done; 1 a check failed (``check``: e.g. the table is missing or lacks a column)
+Exit status: 0 done; 1 a check failed (``check``: e.g. the table is missing or lacks a column,
+or the user may not write it; a ``warn`` line, e.g. a Redis that evicts keys, is not a failure)
 or ``release`` refused a CONSUMED record without ``--force``; 2 bad input (a bad URL, an
 unknown table outside ``check``, a key with no live record) or an unreachable store.
 """
@@ -36,7 +37,7 @@ from rocketmq_dedup.config import DEFAULT_RECORD_RESERVE_MINUTES
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.owner import claimed_at
 from rocketmq_dedup.stores import make_store
-from rocketmq_dedup.stores.base import DedupStore, Record
+from rocketmq_dedup.stores.base import PROBE_APPLICATION, DedupStore, Record
 from rocketmq_dedup.stores.mysql import DEFAULT_TABLE_NAME, MySQLDedupStore, schema_statements
 from rocketmq_dedup.stores.redis import DEFAULT_KEY_PREFIX
 
@@ -245,12 +246,24 @@ def record_rows(record: Record) -> List[Tuple[str, str]]:
 
 @cli.command()
 @store_options
-def check(store: DedupStore) -> None:
-    """Check the server, its version and the features used."""
+@click.option(
+    "--app",
+    default=PROBE_APPLICATION,
+    show_default=True,
+    help="The application whose key space the write check's probe records use.",
+)
+def check(store: DedupStore, app: str) -> None:
+    """Check the server, its version, the features used, and that the store can claim and
+    release (probe records, claimed and released)."""
     click.echo(store.describe())
-    results = store.diagnose()
+    results = store.diagnose(app)
     for result in results:
-        mark = click.style("ok  ", fg="green") if result.ok else click.style("FAIL", fg="red")
+        if not result.ok:
+            mark = click.style("FAIL", fg="red")
+        elif result.warning:
+            mark = click.style("warn", fg="yellow")
+        else:
+            mark = click.style("ok  ", fg="green")
         click.echo(f"  {mark} {result.name}: {result.detail}")
     if not all(r.ok for r in results):
         raise click.ClickException("some checks failed")

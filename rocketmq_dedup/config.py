@@ -35,7 +35,7 @@ from rocketmq_dedup.status import (
     SequenceMode,
     StoreFailurePolicy,
 )
-from rocketmq_dedup.stores import STORE_OPTIONS, check_reachable, make_store
+from rocketmq_dedup.stores import STORE_OPTIONS, check_usable, make_store
 from rocketmq_dedup.stores.base import DedupStore
 
 T = TypeVar("T")
@@ -390,10 +390,15 @@ class DedupConfig:
             (e.g. ``functools.partial(MySQLdb.connect, ...)``); a SQLAlchemy ``Engine``; or a
             store object (a :class:`DedupStore`, or any object with ``claim``,
             ``mark_consumed`` and ``release``).
-        :param check_store: reach the store once now (Redis ``PING``; MySQL connect and
-            ``SELECT 1``) and raise :class:`DedupConfigError` naming its address if that fails,
-            so a wrong address is found at start-up. ``False`` starts without the store (the
-            ``store_failure_policy`` then applies per message until it is reachable).
+        :param check_store: check the store now: reach it (Redis ``PING``; MySQL connect),
+            prove it can claim and release (probe records of this application, claimed and
+            released through the store's own writes; on MySQL once the table exists, else in
+            ``create_table()``) and log at WARNING a setting that puts records at risk (a
+            Redis ``maxmemory-policy`` that evicts keys). A failure raises
+            :class:`DedupConfigError` naming the address, the missing privilege or ACL rule,
+            or the read-only server, so it is found at start-up. ``False`` starts without the
+            check (an outage then follows ``store_failure_policy`` per message; a refusal a
+            person must fix is answered RECONSUME_LATER).
         :param options: the settings (:meth:`settings`), plus the store's: ``table_name``,
             ``pool_size`` and ``pool_timeout`` (MySQL), ``key_prefix`` (Redis).
         """
@@ -405,7 +410,7 @@ class DedupConfig:
         settings = {k: v for k, v in options.items() if k in _SETTINGS}
         config = cls(application_name, store, **settings)  # settings fail before any I/O
         if check_store:
-            check_reachable(store)
+            check_usable(store, application_name)
         return config
 
     @classmethod

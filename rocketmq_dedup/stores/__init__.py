@@ -3,14 +3,17 @@ their extras only when used."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from rocketmq_dedup.errors import DedupConfigError, StoreError
-from rocketmq_dedup.stores.base import Claim, ClaimResult, DedupStore, Record
+from rocketmq_dedup.errors import DedupConfigError, StoreError, StoreMisconfiguredError
+from rocketmq_dedup.stores.base import PROBE_APPLICATION, Claim, ClaimResult, DedupStore, Record
 from rocketmq_dedup.stores.foreign import ForeignStore, looks_like_store
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from rocketmq_dedup.stores.redis import RedisDedupStore, is_redis_client
+
+logger = logging.getLogger(__name__)
 
 #: The options each kind of store takes (keywords of its constructor).
 _OPTIONS_BY_STORE = {
@@ -76,17 +79,29 @@ def make_store(client: Any, **options: Any) -> DedupStore:
     return store
 
 
-def check_reachable(store: DedupStore) -> None:
-    """Reach ``store`` once (Redis ``PING``; MySQL connect and ``SELECT 1``); raise
-    :class:`DedupConfigError` naming its address if that fails, so a wrong address is found at
-    start-up, not at the first message."""
+def check_usable(store: DedupStore, application: str = PROBE_APPLICATION) -> None:
+    """The start-up check: reach ``store`` once (Redis ``PING``; MySQL connect and ``SELECT
+    CURRENT_USER()``), prove it can claim and release (:meth:`DedupStore.prove_writes`, in
+    ``application``'s key space), and log at WARNING what puts its records at risk
+    (:meth:`DedupStore.risks`: a Redis that evicts keys). Raise :class:`DedupConfigError`
+    naming the address, or the missing privilege, ACL rule or the read-only server, so a
+    store that cannot work is found at start-up, not at the first message."""
     try:
         store.check()
+        store.prove_writes(application)
+    except StoreMisconfiguredError as exc:
+        raise DedupConfigError(
+            f"the dedup store {store.describe()} refused the start-up check: "
+            f"{exc.__cause__ or exc}; {exc.fix} (check_store=False starts without the check: "
+            "the messages are then consumed later until it is fixed)"
+        ) from exc
     except StoreError as exc:
         raise DedupConfigError(
             f"the dedup store {store.describe()} is not usable: {exc.__cause__ or exc}; "
             "fix the address, or pass check_store=False to start without it"
         ) from exc
+    for risk in store.risks():
+        logger.warning("the dedup store %s: %s", store.describe(), risk)
 
 
 __all__ = [
@@ -98,6 +113,6 @@ __all__ = [
     "MySQLDedupStore",
     "Record",
     "RedisDedupStore",
-    "check_reachable",
+    "check_usable",
     "make_store",
 ]

@@ -25,7 +25,12 @@ from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence
 
 from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.config import DedupConfig, Snapshot
-from rocketmq_dedup.errors import StoreError, StoreLockConflictError, StoreUnavailableError
+from rocketmq_dedup.errors import (
+    StoreError,
+    StoreLockConflictError,
+    StoreMisconfiguredError,
+    StoreUnavailableError,
+)
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.message import DedupElement, message_topic, message_topic_tag
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
@@ -277,9 +282,10 @@ class DedupTemplate(Strategy):
 
     def _store_failed(self, deliveries: List[Delivery], exc: StoreError, snap: Snapshot) -> None:
         """The store could not decide for ``deliveries``: an outage applies the policy (run
-        without dedup, or RECONSUME_LATER: :meth:`_outage_runs_without_dedup`); a defect is
-        RECONSUME_LATER, logged as an error; a lock conflict is RECONSUME_LATER, logged as
-        what it is (another session held the record's lock)."""
+        without dedup, or RECONSUME_LATER: :meth:`_outage_runs_without_dedup`); a refusal a
+        person must fix (a missing privilege, a read-only server) and a defect are
+        RECONSUME_LATER, logged as errors; a lock conflict is RECONSUME_LATER, logged as what it
+        is (another session held the record's lock)."""
         if isinstance(exc, StoreLockConflictError):
             self._log.log(
                 logging.WARNING,
@@ -291,7 +297,18 @@ class DedupTemplate(Strategy):
             for delivery in deliveries:
                 delivery.status, delivery.outcome = LATER, Outcome.LOCK_CONFLICT
             return
-        if not isinstance(exc, StoreUnavailableError):
+        outcome = Outcome.STORE_ERROR_LATER
+        if isinstance(exc, StoreMisconfiguredError):
+            outcome = Outcome.STORE_MISCONFIGURED
+            self._log.log(
+                logging.ERROR,
+                "the dedup store refused the operation: %s; %d message(s) will be consumed "
+                "later (a configuration a person must fix, not an outage: never consumed "
+                "without dedup)",
+                exc,
+                len(deliveries),
+            )
+        elif not isinstance(exc, StoreUnavailableError):
             self._log.log(
                 logging.ERROR,
                 "dedup store error (%s); %d message(s) will be consumed later",
@@ -319,7 +336,7 @@ class DedupTemplate(Strategy):
                 self._OUTAGE_LATER_REASON,
             )
         for delivery in deliveries:
-            delivery.status, delivery.outcome = LATER, Outcome.STORE_ERROR_LATER
+            delivery.status, delivery.outcome = LATER, outcome
 
     #: Why an outage is answered RECONSUME_LATER, for the log line.
     _OUTAGE_LATER_REASON = "store_failure_policy='reconsume_later'"

@@ -10,6 +10,8 @@
                             runs in this process and ``in_progress_wait_milli_seconds`` is set,
                             answered from that holder's outcome if it ends within the wait
     store unavailable    -> the store_failure_policy: run without dedup, or RECONSUME_LATER
+    store refused        -> RECONSUME_LATER, an ERROR naming the fix (a missing privilege or
+                            ACL rule, a read-only server: never an outage, whatever the policy)
     store error (a bug)  -> RECONSUME_LATER, an ERROR logged
 
 A batch makes one store call per phase (claim, mark, release) for all its messages.

@@ -5,10 +5,12 @@ produces, honestly, every event the rules watch: a storm of copies of two orders
 progress, then of a consumed order, at more than a delivery every 10 s), a key reused with
 another body (a payload mismatch), a claim an operator releases with `rocketmq-dedup release`
 under its running handler (a lease lost), handlers slower than the rule's 10 s, two poisoned
-orders whose handler fails on every redelivery (heading to the DLQ), and a store outage (store
-errors, messages run without dedup). Then every rule's expression and every dashboard panel's
-query, evaluated by Prometheus over its HTTP API, returns data for this run's application, and
-every alert is pending or firing. The classic client only (the sample consumer uses it).
+orders whose handler fails on every redelivery (heading to the DLQ), a store that refuses writes
+(made a replica: messages sent back to the broker, outcome store_misconfigured), and a store
+outage (store errors, messages run without dedup). Then every rule's expression and every
+dashboard panel's query, evaluated by Prometheus over its HTTP API, returns data for this run's
+application, and every alert is pending or firing. The classic client only (the sample consumer
+uses it).
 
 The panels' time series are written to $STATE/operations-<run>.json;
 ``python -m tests.e2e.render_dashboard DUMP PNG`` draws them (docs/operations-dashboard.png)."""
@@ -284,6 +286,16 @@ def produce_the_events(
     # the storm settles: every copy acked as a duplicate once its order was handled
     wait_for(lambda: outcome("duplicate_consumed") >= 2 * (STORM - 1), timeout=90)
     wait_for(lambda: outcome("failed") >= 4, timeout=90)  # each poisoned order, redelivered
+
+    # the store refuses writes (made a replica of a master that never answers): the next order
+    # is sent back to the broker, never run without dedup; then it takes writes again
+    admin = redis.Redis.from_url(redis_url)
+    admin.replicaof("127.0.0.1", str(free_port()))
+    refused_key = f"order-{run}-5"
+    producer.send_keyed(topic, refused_key.encode(), refused_key)
+    wait_for(lambda: outcome("store_misconfigured") >= 1, timeout=60)
+    admin.replicaof("NO", "ONE")
+    admin.close()
 
     # the store goes down: the next order runs without dedup (policy "consume")
     redis_proc.kill()

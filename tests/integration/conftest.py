@@ -1,6 +1,7 @@
 """The integration layer: ``store`` runs on every server kind (Redis, Redis Cluster, MariaDB
 through mysqlclient, PyMySQL and mysql-connector-python); tests are marked ``redis`` or
-``mysql`` by the servers they use."""
+``mysql`` by the servers they use (a private server a test starts itself counts:
+``private_redis``, ``private_mariadb``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from rocketmq_dedup.stores.base import DedupStore
 from tests.conftest import MYSQL_DRIVERS, make_store
 
 STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS]
-_REDIS_FIXTURES = {"redis_client", "redis_cluster_client"}
+_REDIS_FIXTURES = {"redis_client", "redis_cluster_client", "private_redis"}
+_MYSQL_FIXTURES = {"mysql_table", "private_mariadb"}
 
 
 @pytest.fixture
@@ -47,5 +49,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
         kind = str(params.get("store", params.get("shared_store_kind", "")))
         if names & _REDIS_FIXTURES or kind.startswith("redis"):
             item.add_marker(pytest.mark.redis)
-        if "mysql_table" in names or kind.startswith("mysql"):
+        if names & _MYSQL_FIXTURES or kind.startswith("mysql"):
             item.add_marker(pytest.mark.mysql)

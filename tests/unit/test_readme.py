@@ -461,3 +461,21 @@ def test_the_chinese_section_names_what_the_english_one_does() -> None:
     assert checked >= 40
     for address in re.findall(r"127\.0\.0\.1:\d+", chinese):
         assert address in english, address
+
+
+def test_the_store_accounts_needs_are_the_codes() -> None:
+    """The Redis ACL rules the README gives the application's user are the commands the store
+    sends and its scripts run, on its key pattern (in both languages); the MySQL GRANTs are
+    the privileges the store names in its refusals, on the dedup and sequence tables."""
+    from rocketmq_dedup.stores.mysql.privileges import PRIVILEGES
+    from rocketmq_dedup.stores.redis.acl import acl_rules
+
+    _, chinese = english_and_chinese()
+    rules = acl_rules("MSGDEDUP:*")
+    assert f"ACL SETUSER order-service on >password {rules}\n" in section("Quick start (Redis)")
+    assert f"`{rules}`" in chinese
+    grant = f"GRANT {', '.join(PRIVILEGES)} ON dedup_test.t_rocketmq_dedup"
+    mysql = section("Quick start (MySQL / MariaDB)")
+    assert f"{grant} TO 'order-service'@'%';" in mysql
+    assert f"{grant}_seq TO 'order-service'@'%';" in mysql
+    assert f"`{', '.join(PRIVILEGES)}`" in chinese

@@ -111,6 +111,8 @@ COLUMNS_SQL = (
 )
 REQUIRED_COLUMNS = (*(c.strip() for c in _COLUMNS.split(",")), "deliveries")
 VERSION_SQL = "SELECT VERSION()"
+# The account the server matched the login to (what a GRANT names) and the session's database.
+ACCOUNT_SQL = "SELECT CURRENT_USER(), DATABASE()"
 # Run on every new connection, after the driver switched the session to utf8mb4.
 SESSION_SQL = "SET time_zone = '+00:00'"
 CHECK_SQL = "SELECT 1"

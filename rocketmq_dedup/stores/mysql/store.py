@@ -32,11 +32,19 @@ from rocketmq_dedup.stores.mysql.connection import (
     prepare_connection,
     type_name,
 )
-from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error
+from rocketmq_dedup.stores.mysql.errors import (
+    NO_SUCH_TABLE,
+    as_store_error,
+    error_code,
+    is_connection_error,
+    refusal_code,
+)
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
+from rocketmq_dedup.stores.mysql.privileges import explain, grant_account
 from rocketmq_dedup.stores.mysql.purge import MySQLPurgeSession, purge_step
 from rocketmq_dedup.stores.mysql.rows import readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
+    ACCOUNT_SQL,
     CHECK_SQL,
     CLAIM_ROW,
     CLAIM_SQL,
@@ -111,6 +119,9 @@ class MySQLDedupStore(DedupStore):
         outage, so never a run without dedup.
     """
 
+    #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
+    proves_writes = True
+
     def __init__(
         self,
         connect: Callable[[], Any],
@@ -148,6 +159,13 @@ class MySQLDedupStore(DedupStore):
         self._table = table
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
         self._description = f"MySQL {describe_factory(connect)} table {self.table_name}"
+        #: The account and database the server reported to the last check (for the GRANT a
+        #: refusal names); until then the database the factory names, if any.
+        self._account: Optional[str] = None
+        keywords = connect.keywords if isinstance(connect, functools.partial) else {}
+        self._database: Optional[str] = keywords.get("database", keywords.get("db"))
+        #: The application whose write check waits for the table (:meth:`create_table`).
+        self._unproven: Optional[str] = None
         self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
         #: be too long (a table name of 61-64 characters): the mode then runs without one.
@@ -219,8 +237,17 @@ class MySQLDedupStore(DedupStore):
         return is_connection_error(exc)
 
     def wrap_error(self, exc: Exception) -> StoreError:
-        """Outages, lock conflicts and defects told apart (:mod:`.errors`)."""
-        return as_store_error(exc, self.describe())
+        """Refusals a person must fix (:meth:`misconfiguration`), outages, lock conflicts and
+        defects told apart (:mod:`.errors`)."""
+        return as_store_error(exc, self.describe(), self.misconfiguration(exc))
+
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """The GRANT to run, the login to fix or the server to point at, for a refusal
+        (:mod:`.privileges`: 1142 command denied, 1044/1045 access denied, 1290 read-only...)."""
+        code = refusal_code(exc)
+        if code is None:
+            return None
+        return explain(code, str(exc), self.table_name, self._account, self._database)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -288,6 +315,9 @@ class MySQLDedupStore(DedupStore):
                 self._description,
                 self.table_name,
             )
+        application, self._unproven = self._unproven, None
+        if application is not None:  # the start-up check ran before the table existed
+            self.prove_writes(application)
 
     def purge_expired(
         self,
@@ -328,9 +358,29 @@ class MySQLDedupStore(DedupStore):
     # -- I/O hooks -----------------------------------------------------------------------
 
     def do_check(self) -> None:
-        """Connect (or take a pooled connection) and run ``SELECT 1``; the table may not exist
+        """Connect (or take a pooled connection) and ask the server which account it matched
+        and the session's database (what a refusal's GRANT names); the table may not exist
         yet (``create_table()`` comes after)."""
-        self._op(self._run, CHECK_SQL, (), True)
+        account, database = self._op(self._run, ACCOUNT_SQL, (), True)[0]
+        self._account = grant_account(str(column_text(account)))
+        if database is not None:
+            self._database = str(column_text(database))
+
+    def do_prove_writes(self, claims: List[Claim]) -> None:
+        """The probe (INSERT, UPDATE, SELECT and DELETE on the table), or, when the table does
+        not exist yet (the quick start creates it after the config), the same in
+        :meth:`create_table` once it has made it."""
+        try:
+            super().do_prove_writes(claims)
+        except Exception as exc:
+            if error_code(exc) != NO_SUCH_TABLE:
+                raise
+            self._unproven = claims[0].element.application
+            logger.info(
+                "%s: the table does not exist yet; create_table() checks the writes once it "
+                "has made it",
+                self._description,
+            )
 
     @staticmethod
     def _row(claim: Claim, digest: bytes, ms: int) -> List[Any]:

@@ -208,6 +208,7 @@ class PinnedConnection:
             except BaseException as exc:  # lost, or interrupted between two replies
                 self.release()
                 lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+                lost = lost and not isinstance(exc, redis.AuthenticationError)  # lasts
                 if attempt == 2 or not lost:
                     raise
                 logger.warning("Redis connection lost (%s); reconnecting", exc)
