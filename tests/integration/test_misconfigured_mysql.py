@@ -236,6 +236,7 @@ def test_the_exactly_once_listener_without_the_privileges_commits_nothing_and_is
         f"SELECT COUNT(*) FROM {DATABASE}.t_effects WHERE k = '{msg.id}'"
     ) == [(0,)]
     assert "unavailable" not in caplog.text and "command denied" in caplog.text
+    assert "a configuration a person must fix" in caplog.text
 
 
 def test_the_check_before_create_table_proves_the_writes_in_create_table(
