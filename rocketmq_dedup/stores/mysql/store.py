@@ -65,6 +65,7 @@ from rocketmq_dedup.stores.mysql.transaction import (
     readable,
     record_row,
 )
+from rocketmq_dedup.stores.postgres.connections import is_psycopg_connection
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +224,13 @@ class MySQLDedupStore(DedupStore):
             raise StoreError(
                 f"{self._description}: the connection factory must return a DB-API "
                 f"connection; got {type_name(conn)}"
+            )
+        if is_psycopg_connection(conn):  # a factory make_store could not tell from MySQL's
+            close_quietly(conn)
+            raise StoreError(
+                f"{self._description}: the connection factory returned a PostgreSQL "
+                "connection (psycopg): build PostgresDedupStore(factory), or pass "
+                "functools.partial(psycopg.connect, ...), which is recognised"
             )
         try:
             prepare_connection(conn)

@@ -1,0 +1,264 @@
+"""The PostgreSQL store's connections: where they come from, how each is prepared, and what
+counts as an outage.
+
+Three sources, one interface (:meth:`Connections.run`: run ``fn(runner, *args)`` on a connection
+and give it back):
+
+* :class:`OwnConnections`: a zero-argument factory returning a psycopg 3 connection (also what a
+  SQLAlchemy ``Engine`` on ``postgresql+psycopg`` becomes: its raw connections, detached from
+  the engine's pool). The store keeps them in its own bounded pool
+  (:class:`~rocketmq_dedup.stores.pool.BoundedPool`: fork-safe, no thread of its own, an
+  exhausted pool is :class:`~rocketmq_dedup.errors.StorePoolExhaustedError`). A lost connection
+  (server restart) is replaced and the operation run once more: every statement is idempotent
+  for its owner token.
+* :class:`UserPoolConnections`: a ``psycopg_pool.ConnectionPool`` of the application's. Each
+  operation borrows one connection and gives it back as it found it (autocommit restored);
+  its size, timeout and checks are the pool's own. After a lost connection the pool checks its
+  idle ones (``pool.check()``) before the one retry.
+
+Every statement of the store runs in autocommit (:func:`prepare_connection`), so a failed
+statement never leaves the session in an aborted transaction, and no transaction stays open
+between operations. psycopg prepares a statement server-side after its connection's
+``prepare_threshold`` runs (5 by default; ``None``, for PgBouncer in transaction mode, turns that
+off, and the store follows the connection's setting).
+
+Outages (:func:`is_outage`): psycopg's ``OperationalError`` family (connection refused or lost,
+the server shutting down, too many connections, a statement timeout), except a pool's timeout
+(:func:`is_pool_timeout`: the pool is busy, not the server down) and sqlstate class 40
+(a deadlock or a serialization failure: the server working as it should).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from types import ModuleType
+from typing import Any, Callable, List, Optional, TypeVar
+
+from rocketmq_dedup.errors import MissingExtraError, StoreError
+from rocketmq_dedup.stores.pool import BoundedPool
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_POOL_ERRORS = frozenset({"PoolTimeout", "TooManyRequests"})
+
+
+def import_psycopg() -> ModuleType:
+    """psycopg (the ``[postgres]`` extra), imported on first use."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise MissingExtraError("psycopg", "postgres") from exc
+    return psycopg
+
+
+def _module(obj: Any) -> str:
+    return str(getattr(obj, "__module__", "") or "")
+
+
+def is_psycopg_factory(client: Any) -> bool:
+    """True for ``functools.partial(psycopg.connect, ...)`` (or of ``psycopg.Connection.connect``,
+    or of a subclass's): a factory that is certainly PostgreSQL's. Any other callable is
+    ambiguous (never imports psycopg)."""
+    if not isinstance(client, functools.partial):
+        return False
+    func = client.func
+    owner = getattr(func, "__self__", None)  # a bound classmethod: Connection.connect
+    return _module(func).startswith("psycopg") or (
+        isinstance(owner, type) and any(_module(k).startswith("psycopg") for k in owner.__mro__)
+    )
+
+
+def is_psycopg_pool(client: Any) -> bool:
+    """True for a ``psycopg_pool.ConnectionPool`` (never imports psycopg_pool)."""
+    return any(_module(k).startswith("psycopg_pool") for k in type(client).__mro__) and callable(
+        getattr(client, "getconn", None)
+    )
+
+
+def is_psycopg_connection(client: Any) -> bool:
+    """True for one psycopg connection (never imports psycopg)."""
+    return any(_module(k).startswith("psycopg.") for k in type(client).__mro__) and hasattr(
+        client, "pgconn"
+    )
+
+
+def is_pool_timeout(exc: BaseException) -> bool:
+    """True if ``exc`` says a ``psycopg_pool`` pool had no connection to give in time."""
+    return any(k.__name__ in _POOL_ERRORS for k in type(exc).__mro__) and _module(
+        type(exc)
+    ).startswith("psycopg_pool")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True if ``exc`` means the server or the connection failed (module docstring)."""
+    psycopg = import_psycopg()
+    if not isinstance(exc, psycopg.OperationalError) or _module(type(exc)).startswith(
+        "psycopg_pool"
+    ):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None)
+    return not (isinstance(sqlstate, str) and sqlstate.startswith("40"))
+
+
+def is_undefined_table(exc: BaseException) -> bool:
+    """True for the server's "relation does not exist" (sqlstate 42P01)."""
+    return getattr(exc, "sqlstate", None) == "42P01"
+
+
+def type_name(value: Any) -> str:
+    kind = value if isinstance(value, type) else type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def prepare_connection(conn: Any) -> None:
+    """Make a connection fit for the store's statements: no transaction left open by whoever
+    had it (rolled back), autocommit on, and the client encoding UTF-8 (a connection asking
+    for another could not send a CJK key's readable columns)."""
+    psycopg = import_psycopg()
+    if not isinstance(conn, psycopg.Connection):
+        raise StoreError(
+            f"the PostgreSQL store needs psycopg 3 connections (psycopg.Connection); got "
+            f"{type_name(conn)}"
+        )
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.rollback()
+    conn.autocommit = True
+    if conn.info.encoding != "utf-8":
+        conn.execute("SET client_encoding TO 'UTF8'")
+
+
+def close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # already broken: nothing more to release
+        logger.debug("closing a PostgreSQL connection failed", exc_info=True)
+
+
+class Runner:
+    """Runs the store's statements on one connection, through one cursor kept with it."""
+
+    __slots__ = ("conn", "cursor", "generation", "idle_since", "pid")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.cursor = conn.cursor()
+        self.generation = 0
+        self.pid = os.getpid()
+        self.idle_since = 0.0
+
+    def rows(self, sql: str, params: Any) -> List[Any]:
+        """Execute ``sql``; return its rows."""
+        cursor = self.cursor
+        cursor.execute(sql, params)
+        rows: List[Any] = cursor.fetchall()
+        return rows
+
+    def count(self, sql: str, params: Any) -> int:
+        """Execute ``sql``; return how many rows it changed."""
+        cursor = self.cursor
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+    def close(self) -> None:
+        """Close the connection (its cursor goes with it)."""
+        close_quietly(self.conn)
+
+
+class Connections:
+    """Where the store's statements run: :meth:`run` lends a :class:`Runner` to one
+    operation."""
+
+    #: The store's own pool, or the application's it borrows from.
+    pool: Any
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close what the store opened itself (never the application's pool)."""
+
+
+class OwnConnections(Connections):
+    """A connection factory's connections, in the store's own bounded pool."""
+
+    def __init__(
+        self, connect: Callable[[], Any], size: int, timeout: float, description: str
+    ) -> None:
+        self._connect = connect
+        self.description = description
+        self.pool: BoundedPool[Runner] = BoundedPool(self._open, size, timeout, "PostgreSQL")
+
+    def _open(self) -> Runner:
+        """A new connection from the factory, prepared."""
+        conn = self._connect()
+        try:
+            prepare_connection(conn)
+            return Runner(conn)
+        except BaseException:
+            close_quietly(conn)
+            raise
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(runner, *args)`` on a pooled connection and give it back. A connection
+        that raised is closed; after a lost connection (an outage error) the idle ones are
+        closed too and ``fn`` runs once more on a new one."""
+        pool = self.pool
+        for attempt in (1, 2):
+            runner = pool.take()
+            try:
+                result = fn(runner, *args)
+            except BaseException as exc:
+                pool.discard(runner)
+                if attempt == 2 or not isinstance(exc, Exception) or not is_outage(exc):
+                    raise
+                logger.warning("%s: connection failed (%s); reconnecting", self.description, exc)
+                pool.drain()
+                continue
+            pool.give(runner)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class UserPoolConnections(Connections):
+    """The connections of an application's ``psycopg_pool.ConnectionPool``, borrowed per
+    operation and given back in autocommit mode as they were."""
+
+    def __init__(self, pool: Any, description: str) -> None:
+        self.pool = pool
+        self.description = description
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(runner, *args)`` on a borrowed connection; after a lost connection, have
+        the pool check its idle ones and run ``fn`` once more."""
+        for attempt in (1, 2):
+            try:
+                return self._run_once(fn, *args)
+            except Exception as exc:
+                if attempt == 2 or not is_outage(exc) or is_pool_timeout(exc):
+                    raise
+                logger.warning("%s: connection failed (%s); retrying", self.description, exc)
+                self.pool.check()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run_once(self, fn: Callable[..., T], *args: Any) -> T:
+        pool = self.pool
+        conn = pool.getconn()
+        autocommit: Optional[bool] = None
+        try:
+            autocommit = conn.autocommit
+            prepare_connection(conn)
+            return fn(Runner(conn), *args)
+        finally:
+            if autocommit is False and not conn.closed:
+                try:
+                    conn.autocommit = False  # as the application set it
+                except Exception:  # a broken connection: the pool discards it anyway
+                    logger.debug("restoring autocommit failed", exc_info=True)
+            pool.putconn(conn)

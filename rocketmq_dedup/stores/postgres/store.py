@@ -1,0 +1,495 @@
+"""The PostgreSQL store itself: validation, one statement per operation, the purge."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from rocketmq_dedup.errors import DedupConfigError, StoreError, StorePoolExhaustedError
+from rocketmq_dedup.message import DedupElement, element_digest
+from rocketmq_dedup.status import DedupStatus
+from rocketmq_dedup.stores.base import (
+    CLAIMED,
+    HELD_BY_OTHER,
+    Claim,
+    ClaimResult,
+    DedupStore,
+    Diagnosis,
+    Record,
+    StoreStats,
+    oldest_claims,
+    round_trip,
+)
+from rocketmq_dedup.stores.postgres import connections
+from rocketmq_dedup.stores.postgres.connections import (
+    Connections,
+    OwnConnections,
+    Runner,
+    UserPoolConnections,
+    import_psycopg,
+    is_pool_timeout,
+    is_psycopg_connection,
+    is_psycopg_pool,
+    is_undefined_table,
+    type_name,
+)
+from rocketmq_dedup.stores.postgres.records import (
+    claim_columns,
+    claim_row,
+    listed_record,
+    live_record,
+    readable,
+    unique_by_key,
+)
+from rocketmq_dedup.stores.postgres.sql import (
+    CHECK_SQL,
+    CLAIM_MANY_SQL,
+    CLAIM_SQL,
+    CLAIMS_SQL,
+    COLUMNS_SQL,
+    DEFAULT_TABLE_NAME,
+    DELETE_SQL,
+    MARK_MANY_SQL,
+    MARK_SQL,
+    PRIVILEGES_SQL,
+    PURGE_SCAN_SQL,
+    PURGE_SQL,
+    RELEASE_MANY_SQL,
+    RELEASE_SQL,
+    RENEW_MANY_SQL,
+    REQUIRED_COLUMNS,
+    SELECT_SQL,
+    STATS_SQL,
+    VERSION_SQL,
+    quote_table,
+    schema_statements,
+    validate_table_name,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_POOL_SIZE = 8
+MAX_POOL_SIZE = 1024
+#: Seconds a caller waits for a connection when all ``pool_size`` are busy.
+DEFAULT_POOL_TIMEOUT = 5.0
+#: Claim statements per element before a key that keeps vanishing is left to a later retry.
+_CLAIM_ATTEMPTS = 3
+
+
+def describe_conninfo(conninfo: str, keywords: Dict[str, Any]) -> str:
+    """``user@host:port/dbname`` of a psycopg connection string and keywords (never the
+    password); '' when they cannot be read."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(conninfo, **keywords)
+    except Exception:  # a malformed string fails at connect time, with the driver's message
+        return ""
+    where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    user = params.get("user")
+    database = params.get("dbname") or ""
+    return f"{user}@{where}/{database}" if user else f"{where}/{database}"
+
+
+def describe_source(source: Any) -> str:
+    """Where a factory or a psycopg_pool pool connects, for messages."""
+    if is_psycopg_pool(source):
+        where = describe_conninfo(str(source.conninfo or ""), dict(source.kwargs or {}))
+        return f"{where or 'pool'} (psycopg_pool {source.name})"
+    if isinstance(source, functools.partial):
+        conninfo = source.args[0] if source.args and isinstance(source.args[0], str) else ""
+        keywords = {k: v for k, v in source.keywords.items() if k != "conninfo"}
+        where = describe_conninfo(str(source.keywords.get("conninfo", conninfo)), keywords)
+        return where or f"via {type_name(source.func)}"
+    text = repr(source)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class PostgresDedupStore(DedupStore):
+    """Dedup records in a PostgreSQL table (the ``[postgres]`` extra: psycopg 3).
+
+    :param source: where connections come from: a zero-argument callable returning a new
+        ``psycopg.Connection`` (e.g. ``functools.partial(psycopg.connect, "postgresql://...")``),
+        a ``psycopg_pool.ConnectionPool``, or a SQLAlchemy ``Engine`` on ``postgresql+psycopg``
+        (its raw connections, detached from the engine's pool).
+    :param table_name: the table (created by :meth:`create_table` or ``rocketmq-dedup schema
+        postgres``); used exactly as written (it is quoted), optionally ``schema.table``.
+    :param pool_size: with a factory or an engine: at most this many connections, each taken
+        by one operation and given back right after (a psycopg_pool pool has its own size).
+    :param pool_timeout: how long (seconds) a caller waits when all of them are busy before
+        the operation fails with :class:`StorePoolExhaustedError` (not an outage, so never a
+        run without dedup); a psycopg_pool pool's own ``timeout`` applies to it.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        table_name: str = DEFAULT_TABLE_NAME,
+        pool_size: Optional[int] = None,
+        pool_timeout: Optional[float] = None,
+    ) -> None:
+        import_psycopg()  # the [postgres] extra, named now rather than at the first message
+        self.table_name = validate_table_name(table_name)
+        self.engine: Any = None
+        if is_psycopg_pool(source):
+            if pool_size is not None or pool_timeout is not None:
+                raise DedupConfigError(
+                    "pool_size and pool_timeout do not apply to a psycopg_pool pool: its own "
+                    "max_size and timeout do"
+                )
+            where = describe_source(source)
+            self._description = f"PostgreSQL {where} table {self.table_name}"
+            self.connections: Connections = UserPoolConnections(source, self._description)
+        else:
+            connect, where = self._factory(source)
+            self._description = f"PostgreSQL {where} table {self.table_name}"
+            self.connections = OwnConnections(
+                connect,
+                _pool_size(DEFAULT_POOL_SIZE if pool_size is None else pool_size),
+                _pool_timeout(DEFAULT_POOL_TIMEOUT if pool_timeout is None else pool_timeout),
+                self._description,
+            )
+        self._run = self.connections.run
+        table = quote_table(self.table_name)
+        self._sql: Dict[str, str] = {
+            name: sql.format(table=table)
+            for name, sql in (
+                ("claim", CLAIM_SQL),
+                ("claim_many", CLAIM_MANY_SQL),
+                ("mark", MARK_SQL),
+                ("mark_many", MARK_MANY_SQL),
+                ("release", RELEASE_SQL),
+                ("release_many", RELEASE_MANY_SQL),
+                ("renew_many", RENEW_MANY_SQL),
+                ("select", SELECT_SQL),
+                ("purge_scan", PURGE_SCAN_SQL),
+                ("purge", PURGE_SQL),
+                ("delete", DELETE_SQL),
+                ("stats", STATS_SQL),
+                ("claims", CLAIMS_SQL),
+            )
+        }
+        self._claim_sql = self._sql["claim"]
+        self._mark_sql = self._sql["mark"]
+
+    def _factory(self, source: Any) -> Tuple[Callable[[], Any], str]:
+        """A connection factory and its address, from a factory or an engine."""
+        if _is_engine(source):
+            return self._engine_factory(source)
+        if is_psycopg_connection(source):
+            raise DedupConfigError(
+                "the PostgreSQL store needs a connection factory or a pool, not one connection: "
+                "pass functools.partial(psycopg.connect, ...) or a psycopg_pool.ConnectionPool"
+            )
+        if not callable(source) or isinstance(source, type):
+            raise DedupConfigError(
+                "the PostgreSQL store needs a zero-argument callable returning a new psycopg "
+                "connection (e.g. functools.partial(psycopg.connect, 'postgresql://...')), a "
+                "psycopg_pool.ConnectionPool or a SQLAlchemy engine; got "
+                f"{'the class ' if isinstance(source, type) else ''}{type_name(source)}"
+            )
+        return source, describe_source(source)
+
+    def _engine_factory(self, engine: Any) -> Tuple[Callable[[], Any], str]:
+        """Connections from a SQLAlchemy engine's ``raw_connection()``, detached from its pool
+        (the store keeps them in its own, in autocommit mode, which must never leak into the
+        engine's pool)."""
+        dialect = getattr(engine, "dialect", None)
+        name, driver = getattr(dialect, "name", None), getattr(dialect, "driver", None)
+        if name != "postgresql" or driver != "psycopg":
+            raise DedupConfigError(
+                f"the SQLAlchemy engine is {name}+{driver}: the PostgreSQL store needs a "
+                "postgresql+psycopg:// engine (psycopg 3)"
+            )
+
+        def connect() -> Any:
+            fairy = engine.raw_connection()
+            fairy.detach()  # closing it now closes the DB-API connection, never pools it
+            return fairy.dbapi_connection
+
+        self.engine = engine
+        url = engine.url.render_as_string(hide_password=True)
+        return connect, f"{url} (SQLAlchemy)"
+
+    @property
+    def pool(self) -> Any:
+        """The store's own pool (a :class:`~rocketmq_dedup.stores.pool.BoundedPool`), or the
+        application's ``psycopg_pool`` pool it borrows from."""
+        return self.connections.pool
+
+    def describe(self) -> str:
+        return self._description
+
+    def is_outage(self, exc: BaseException) -> bool:
+        return connections.is_outage(exc)
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """A pool that had no connection in time as :class:`StorePoolExhaustedError`; a
+        missing table named as such; the rest as any store."""
+        if is_pool_timeout(exc):
+            return StorePoolExhaustedError(
+                f"{self.describe()}: no free connection in the psycopg_pool pool: "
+                f"{type(exc).__name__}: {exc} (not an outage: consumed later; size the pool "
+                "for the consumer's threads)"
+            )
+        if is_undefined_table(exc):
+            return StoreError(
+                f"{self.describe()}: the table does not exist: create it with create_table() "
+                f"or the statements of `rocketmq-dedup schema postgres` ({exc})"
+            )
+        return super().wrap_error(exc)
+
+    def close(self) -> None:
+        """Close the connections the store opened (busy ones when their operation ends); an
+        application's psycopg_pool pool is left alone. The store stays usable."""
+        self.connections.close()
+
+    # -- operator API --------------------------------------------------------------------
+
+    def create_table(self) -> None:
+        """Create the dedup table if it does not exist, with its column comments (idempotent:
+        :func:`~rocketmq_dedup.stores.postgres.sql.schema_statements`)."""
+        for statement in schema_statements(self.table_name):
+            self._call(self._run, Runner.count, statement, ())
+
+    def purge_expired(
+        self,
+        batch_size: int = 1000,
+        dry_run: bool = False,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> int:
+        """Delete every expired row; return how many were deleted (with ``dry_run``: how many
+        are expired, deleting nothing).
+
+        One pass over the table in primary-key order: each step reads ``batch_size`` keys and
+        deletes the expired ones among them by key (a statement of its own: a short lock on
+        expired rows only). Autovacuum reclaims the space of the rows deleted. Run it from a
+        cron job or a timer; ``progress(rows scanned, rows expired)`` is called after each
+        step."""
+        if type(batch_size) is not int or batch_size < 1:
+            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
+        total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
+        while True:
+            step: Tuple[int, int, bytes] = self._call(
+                self._run, self._purge_step, after, batch_size, dry_run
+            )
+            expired, rows, after = step
+            total += expired
+            scanned += rows
+            if progress is not None:
+                progress(scanned, total)
+            if rows < batch_size:
+                return total
+
+    def _purge_step(
+        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
+    ) -> Tuple[int, int, bytes]:
+        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
+        rows = runner.rows(self._sql["purge_scan"], (after, batch_size))
+        expired = [bytes(key) for key, is_expired in rows if is_expired]
+        count = len(expired)
+        if expired and not dry_run:
+            count = runner.count(self._sql["purge"], (expired,))
+        return count, len(rows), bytes(rows[-1][0]) if rows else after
+
+    # -- I/O hooks -----------------------------------------------------------------------
+
+    def do_check(self) -> None:
+        """Connect (or borrow a connection) and run ``SELECT 1``; the table may not exist
+        yet."""
+        self._run(Runner.rows, CHECK_SQL, ())
+
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        return self._run(self._claim, claim, lease_ms)
+
+    def _claim(self, runner: Runner, claim: Claim, lease_ms: int) -> ClaimResult:
+        digest = element_digest(claim.element)
+        params = (*claim_row(claim, digest, lease_ms), digest)
+        sql = self._claim_sql
+        for _ in range(_CLAIM_ATTEMPTS):
+            rows = runner.rows(sql, params)
+            if rows:  # (NULL, NULL, NULL): claimed; else the live record refusing it
+                row = rows[0]
+                return CLAIMED if row[0] is None else ClaimResult(False, live_record(*row))
+            # neither claimed nor refused: a row committed after the statement began (its
+            # snapshot) refused it; read it with a new one
+            record = self._select(runner, [digest]).get(digest)
+            if record is not None:
+                return ClaimResult(False, record)
+        return HELD_BY_OTHER  # kept vanishing: leave it to a later retry
+
+    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        return self._run(self._claim_many, claims, lease_ms)
+
+    def _claim_many(
+        self, runner: Runner, claims: Sequence[Claim], lease_ms: int
+    ) -> List[ClaimResult]:
+        digests, pending = unique_by_key(claims)
+        first = {digests[i]: i for i in pending}  # the claim that speaks for its key
+        outcome: Dict[bytes, ClaimResult] = {}
+        for _ in range(_CLAIM_ATTEMPTS):
+            columns = claim_columns(claims, digests, pending)
+            keys = columns[0]
+            for key, status, owner, left in runner.rows(
+                self._sql["claim_many"], (lease_ms, *columns, keys)
+            ):
+                refused = status is not None
+                outcome[bytes(key)] = (
+                    ClaimResult(False, live_record(status, owner, left)) if refused else CLAIMED
+                )
+            missing = [d for d in keys if d not in outcome]
+            if missing:  # the race of CLAIM_SQL: read them with a new snapshot
+                for key, record in self._select(runner, missing).items():
+                    outcome[key] = ClaimResult(False, record)
+            pending = [i for i in pending if digests[i] not in outcome]
+            if not pending:
+                break
+        results = []
+        for claim, digest in zip(claims, digests, strict=True):
+            result = outcome.get(digest, HELD_BY_OTHER)  # kept vanishing: a later retry
+            holder = claims[first[digest]].owner
+            if result.claimed and claim.owner != holder:  # a repeat, refused by the first
+                result = ClaimResult(False, Record(DedupStatus.CONSUMING, holder))
+            results.append(result)
+        return results
+
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        self._run(
+            Runner.count,
+            self._mark_sql,
+            claim_row(claim, element_digest(claim.element), retention_ms),
+        )
+
+    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        digests, unique = unique_by_key(claims)
+        columns = claim_columns(claims, digests, unique)
+        self._run(Runner.count, self._sql["mark_many"], (retention_ms, *columns))
+
+    def do_release(self, claim: Claim) -> bool:
+        params = (element_digest(claim.element), claim.owner)
+        return self._run(Runner.count, self._sql["release"], params) == 1
+
+    def do_release_many(self, claims: Sequence[Claim]) -> int:
+        pairs = sorted({(element_digest(e), o) for e, o in claims})
+        params = ([k for k, _ in pairs], [o for _, o in pairs])
+        return self._run(Runner.count, self._sql["release_many"], params)
+
+    def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
+        wanted = [(element_digest(e), o) for e, o in claims]
+        pairs = sorted(set(wanted))
+        params = (lease_ms, [k for k, _ in pairs], [o for _, o in pairs])
+        rows = self._run(Runner.rows, self._sql["renew_many"], params)
+        renewed: Set[Tuple[bytes, str]] = {(bytes(k), o) for k, o in rows}
+        return [pair in renewed for pair in wanted]
+
+    def _select(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """The live records of ``digests``, by digest."""
+        return {
+            bytes(key): live_record(status, owner, left)
+            for key, status, owner, left in runner.rows(self._sql["select"], (list(digests),))
+        }
+
+    def do_read(self, element: DedupElement) -> Optional[Record]:
+        return self.do_read_many([element])[0]
+
+    def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
+        digests = [element_digest(e) for e in elements]
+        records = self._run(self._select, digests)
+        return [
+            found._replace(element=element) if found is not None else None
+            for found, element in (
+                (records.get(d), e) for d, e in zip(digests, elements, strict=True)
+            )
+        ]
+
+    # -- operator hooks ------------------------------------------------------------------
+
+    def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        record = self.do_read(element)
+        if record is None or record.status is None:
+            return None
+        if record.status is DedupStatus.CONSUMED and not force:
+            return None
+        params = (element_digest(element), record.status.value)
+        deleted = self._run(Runner.count, self._sql["delete"], params)
+        return record.status if deleted else None
+
+    def do_stats(self, application: str, limit: int) -> StoreStats:
+        app = (readable(application),)
+        counts = {str(s): int(n) for s, n in self._run(Runner.rows, self._sql["stats"], app)}
+        claims = [listed_record(row) for row in self._run(Runner.rows, self._sql["claims"], app)]
+        return StoreStats(counts, oldest_claims(claims, limit))
+
+    def do_diagnose(self) -> List[Diagnosis]:
+        version, encoding = self._run(Runner.rows, VERSION_SQL, ())[0]
+        checks = [Diagnosis("server", True, f"PostgreSQL {version}")]
+        checks.append(
+            Diagnosis(
+                "encoding",
+                encoding == "UTF8",
+                f"server encoding {encoding}"
+                + ("" if encoding == "UTF8" else ": readable columns need UTF8 for any key"),
+            )
+        )
+        times = []
+        for _ in range(5):
+            begin = time.perf_counter()
+            self._run(Runner.rows, CHECK_SQL, ())
+            times.append(time.perf_counter() - begin)
+        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        checks += self._table_checks()
+        return checks
+
+    def _table_checks(self) -> List[Diagnosis]:
+        """The table: its columns and primary key, and the user's privileges on it."""
+        name = quote_table(self.table_name)
+        columns = {str(c): bool(pk) for c, pk in self._run(Runner.rows, COLUMNS_SQL, (name,))}
+        if not columns:
+            return [
+                Diagnosis(
+                    "table",
+                    False,
+                    f"{self.table_name} does not exist: create_table(), or the statements of "
+                    "`rocketmq-dedup schema postgres`",
+                )
+            ]
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            table = Diagnosis("table", False, f"missing column(s): {', '.join(missing)}")
+        elif [c for c, pk in columns.items() if pk] != ["dedup_key"]:
+            table = Diagnosis("table", False, "dedup_key is not the primary key")
+        else:
+            table = Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
+        ((allowed,),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        privileges = Diagnosis(
+            "privileges",
+            bool(allowed),
+            "SELECT, INSERT, UPDATE, DELETE on the table"
+            + ("" if allowed else ": missing (GRANT them to the store's user)"),
+        )
+        return [table, privileges]
+
+
+def _is_engine(client: Any) -> bool:
+    kind = type(client)
+    return kind.__module__.startswith("sqlalchemy") and hasattr(client, "raw_connection")
+
+
+def _pool_size(size: Any) -> int:
+    if type(size) is not int or not 1 <= size <= MAX_POOL_SIZE:
+        raise DedupConfigError(f"pool_size must be an int from 1 to {MAX_POOL_SIZE}; got {size!r}")
+    return size
+
+
+def _pool_timeout(timeout: Any) -> float:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= 3600
+    ):
+        raise DedupConfigError(
+            f"pool_timeout must be seconds, more than 0 and at most 3600; got {timeout!r}"
+        )
+    return float(timeout)
