@@ -7,7 +7,12 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from rocketmq_dedup.errors import DedupConfigError, StoreError, StorePoolExhaustedError
+from rocketmq_dedup.errors import (
+    DedupConfigError,
+    StoreError,
+    StorePoolExhaustedError,
+    StoreUnavailableError,
+)
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
@@ -237,9 +242,11 @@ class PostgresDedupStore(DedupStore):
         if is_undefined_table(exc):
             return StoreError(
                 f"{self.describe()}: the table does not exist: create it with create_table() "
-                f"or the statements of `rocketmq-dedup schema postgres` ({exc})"
+                "or the statements of `rocketmq-dedup schema postgres` "
+                f"({server_message(exc)})"
             )
-        return super().wrap_error(exc)
+        kind = StoreUnavailableError if self.is_outage(exc) else StoreError
+        return kind(f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}")
 
     def close(self) -> None:
         """Close the connections the store opened (busy ones when their operation ends); an
@@ -424,7 +431,7 @@ class PostgresDedupStore(DedupStore):
 
     def do_diagnose(self) -> List[Diagnosis]:
         version, encoding = self._run(Runner.rows, VERSION_SQL, ())[0]
-        checks = [Diagnosis("server", True, f"PostgreSQL {version}")]
+        checks = [Diagnosis("server", True, f"PostgreSQL version {version}")]
         checks.append(
             Diagnosis(
                 "encoding",
@@ -470,6 +477,14 @@ class PostgresDedupStore(DedupStore):
             + ("" if allowed else ": missing (GRANT them to the store's user)"),
         )
         return [table, privileges]
+
+
+def server_message(exc: BaseException) -> str:
+    """A driver error's message on one line: the server's primary message when it sent one
+    (without libpq's LINE/caret context), else the first line of the text."""
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None)
+    lines = str(exc).strip().splitlines()
+    return str(primary) if primary else (lines[0] if lines else type(exc).__name__)
 
 
 def _is_engine(client: Any) -> bool:
