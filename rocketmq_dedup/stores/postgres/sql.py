@@ -116,12 +116,19 @@ WHERE dedup_key = ANY(%s::bytea[]) AND expire_time > {NOW}
   AND dedup_key NOT IN (SELECT dedup_key FROM claimed)"""
 
 # -- marks, releases, renewals --------------------------------------------------------------------
-# A success is always recorded, whoever holds the row now (an upsert: the row may be gone).
+# A success is always recorded, whoever holds the row now. The row is normally still there (the
+# claim's): one UPDATE, 3 parameters. Parameters (owner, retention ms, key).
+MARK_SQL = (
+    f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, expire_time = {_EXPIRY} "
+    "WHERE dedup_key = %s"
+)
+# When it updated nothing (the row expired and was purged, or released by an operator): an
+# upsert, as for batches.
 _MARK_UPSERT = """\
 ON CONFLICT (dedup_key) DO UPDATE SET
   status = 'CONSUMED', owner_token = EXCLUDED.owner_token, expire_time = EXCLUDED.expire_time"""
 # Parameters (key, application, topic, tag, key text, owner, retention ms).
-MARK_SQL = f"""\
+MARK_UPSERT_SQL = f"""\
 INSERT INTO {{table}} AS r ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s, 'CONSUMED', %s, {_EXPIRY})
 {_MARK_UPSERT}"""

@@ -58,6 +58,7 @@ from rocketmq_dedup.stores.postgres.sql import (
     DELETE_SQL,
     MARK_MANY_SQL,
     MARK_SQL,
+    MARK_UPSERT_SQL,
     PRIVILEGES_SQL,
     PURGE_SCAN_SQL,
     PURGE_SQL,
@@ -164,6 +165,7 @@ class PostgresDedupStore(DedupStore):
                 ("claim", CLAIM_SQL),
                 ("claim_many", CLAIM_MANY_SQL),
                 ("mark", MARK_SQL),
+                ("mark_upsert", MARK_UPSERT_SQL),
                 ("mark_many", MARK_MANY_SQL),
                 ("release", RELEASE_SQL),
                 ("release_many", RELEASE_MANY_SQL),
@@ -363,11 +365,12 @@ class PostgresDedupStore(DedupStore):
         return results
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
-        self._run(
-            Runner.count,
-            self._mark_sql,
-            claim_row(claim, element_digest(claim.element), retention_ms),
-        )
+        self._run(self._mark_consumed, claim, retention_ms)
+
+    def _mark_consumed(self, runner: Runner, claim: Claim, retention_ms: int) -> None:
+        digest = element_digest(claim.element)
+        if not runner.count(self._mark_sql, (claim.owner, retention_ms, digest)):
+            runner.count(self._sql["mark_upsert"], claim_row(claim, digest, retention_ms))
 
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         digests, unique = unique_by_key(claims)
