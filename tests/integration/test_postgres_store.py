@@ -77,15 +77,20 @@ def test_lease_uses_the_database_clock(pg_store: PostgresDedupStore, app_name: s
 
 def test_readable_columns_for_operators(pg_store: PostgresDedupStore, app_name: str) -> None:
     """The row shows application, topic, tag, key (first 255 characters), status, owner and
-    deliveries; a takeover counts as a delivery."""
+    deliveries; a refused duplicate and a takeover each count as a delivery."""
     e = DedupElement(app_name, "TOPIC", "标签", "k" * 300)
-    pg_store.claim(Claim(e, "owner-1"), 1)
+    pg_store.claim(Claim(e, "owner-1"), LEASE)
     columns = "application_name, topic, tag, msg_uniq_key, status, owner_token, deliveries"
     assert row_of(pg_store.table_name, e, columns) == (
         app_name, "TOPIC", "标签", "k" * 255, "CONSUMING", "owner-1", 1,
     )  # fmt: skip
-    wait_for(lambda: pg_store.claim(Claim(e, "owner-2"), LEASE).claimed)
-    assert row_of(pg_store.table_name, e, "owner_token, deliveries") == ("owner-2", 2)
+    assert not pg_store.claim(Claim(e, "owner-2"), LEASE).claimed
+    assert row_of(pg_store.table_name, e, "owner_token, deliveries") == ("owner-1", 2)
+    stale = element(app_name, "stale")
+    pg_store.claim(Claim(stale, "owner-1"), 1)
+    wait_for(lambda: pg_store.read(stale) is None)
+    assert pg_store.claim(Claim(stale, "owner-2"), LEASE) == CLAIMED
+    assert row_of(pg_store.table_name, stale, "owner_token, deliveries") == ("owner-2", 2)
 
 
 def test_a_nul_or_a_lone_surrogate_in_a_key_is_stored_and_shown_replaced(
@@ -186,12 +191,12 @@ def blocked_on_a_lock(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("batch", [False, True])
-def test_a_row_committed_after_the_claim_began_is_read_again(
+def test_a_row_committed_while_the_claim_waits_refuses_it_in_the_same_statement(
     pg_store: PostgresDedupStore, app_name: str, statements: List[str], batch: bool
 ) -> None:
-    """A claim that meets a row another session commits while the claim waits for it (so the
-    claim statement's snapshot cannot show it) reads it with a second statement and reports
-    it: refused, with its owner, never claimed."""
+    """A claim that meets a row another session is inserting waits for it, and once it is
+    committed (after the claim statement's snapshot was taken) reports it: refused, with its
+    owner, never claimed, in that one statement."""
     e = element(app_name, "raced")
     other = begin_insert(pg_store.table_name, e, "first-owner")
     pg_store.check()
@@ -215,7 +220,7 @@ def test_a_row_committed_after_the_claim_began_is_read_again(
     claimer.join(30)
     assert outcome(results[0]) == outcome(HELD_BY_OTHER)
     assert results[0].holder == "first-owner"
-    assert len(statements) == 2
+    assert len(statements) == 1
 
 
 # -- purge ----------------------------------------------------------------------------------------

@@ -9,11 +9,11 @@ The same contract and the same row as the MySQL store (:mod:`rocketmq_dedup.stor
   hold, shown as U+FFFD).
 * Time: ``expire_time`` is a ``timestamptz`` on the database server's clock (the statement's
   start); leases and retentions are milliseconds added to it there, never the client's clock.
-* One statement per decision (:mod:`.sql`): a claim is one ``INSERT ... ON CONFLICT DO UPDATE
-  ... WHERE expired`` that creates the CONSUMING row or takes over an expired one, with a
-  ``SELECT`` of the live row that refused it in the same statement (one round trip for a fresh
-  message, a duplicate and a takeover alike); a batch of claims is one such statement over
-  arrays. Marking CONSUMED is one upsert (a success is recorded whoever holds the row);
+* One statement per decision (:mod:`.sql`): a claim is one ``INSERT ... ON CONFLICT DO UPDATE``
+  that creates the CONSUMING row, takes over an expired one or leaves a live one as it is, and
+  returns the row as it then is (one round trip for a fresh message, a duplicate and a
+  takeover alike; a duplicate writes a new version of its row, counted in ``deliveries``); a
+  batch of claims is one such statement over arrays. Marking CONSUMED is one upsert (a success is recorded whoever holds the row);
   releases and renewals are fenced by the owner token and the CONSUMING status.
 * ``purge_expired()`` walks the table in primary-key order, ``batch_size`` rows at a time,
   and deletes the expired ones by key. No ``expire_time`` index, as on MySQL: every claim and

@@ -17,7 +17,6 @@ from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
     CLAIMED,
-    HELD_BY_OTHER,
     Claim,
     ClaimResult,
     DedupStore,
@@ -80,8 +79,7 @@ DEFAULT_POOL_SIZE = 8
 MAX_POOL_SIZE = 1024
 #: Seconds a caller waits for a connection when all ``pool_size`` are busy.
 DEFAULT_POOL_TIMEOUT = 5.0
-#: Claim statements per element before a key that keeps vanishing is left to a later retry.
-_CLAIM_ATTEMPTS = 3
+CONSUMING = DedupStatus.CONSUMING.value
 
 
 def describe_conninfo(conninfo: str, keywords: Dict[str, Any]) -> str:
@@ -314,20 +312,9 @@ class PostgresDedupStore(DedupStore):
         return self._run(self._claim, claim, lease_ms)
 
     def _claim(self, runner: Runner, claim: Claim, lease_ms: int) -> ClaimResult:
-        digest = element_digest(claim.element)
-        params = (*claim_row(claim, digest, lease_ms), digest)
-        sql = self._claim_sql
-        for _ in range(_CLAIM_ATTEMPTS):
-            rows = runner.rows(sql, params)
-            if rows:  # (NULL, NULL, NULL): claimed; else the live record refusing it
-                row = rows[0]
-                return CLAIMED if row[0] is None else ClaimResult(False, live_record(*row))
-            # neither claimed nor refused: a row committed after the statement began (its
-            # snapshot) refused it; read it with a new one
-            record = self._select(runner, [digest]).get(digest)
-            if record is not None:
-                return ClaimResult(False, record)
-        return HELD_BY_OTHER  # kept vanishing: leave it to a later retry
+        row = claim_row(claim, element_digest(claim.element), lease_ms)
+        ((status, owner, left),) = runner.rows(self._claim_sql, row)
+        return decided(claim, status, owner, left)
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         return self._run(self._claim_many, claims, lease_ms)
@@ -335,33 +322,20 @@ class PostgresDedupStore(DedupStore):
     def _claim_many(
         self, runner: Runner, claims: Sequence[Claim], lease_ms: int
     ) -> List[ClaimResult]:
-        digests, pending = unique_by_key(claims)
-        first = {digests[i]: i for i in pending}  # the claim that speaks for its key
-        outcome: Dict[bytes, ClaimResult] = {}
-        for _ in range(_CLAIM_ATTEMPTS):
-            columns = claim_columns(claims, digests, pending)
-            keys = columns[0]
+        digests, unique = unique_by_key(claims)
+        columns = claim_columns(claims, digests, unique)
+        rows = {
+            bytes(key): (status, owner, left)
             for key, status, owner, left in runner.rows(
-                self._sql["claim_many"], (lease_ms, *columns, keys)
-            ):
-                refused = status is not None
-                outcome[bytes(key)] = (
-                    ClaimResult(False, live_record(status, owner, left)) if refused else CLAIMED
-                )
-            missing = [d for d in keys if d not in outcome]
-            if missing:  # the race of CLAIM_SQL: read them with a new snapshot
-                for key, record in self._select(runner, missing).items():
-                    outcome[key] = ClaimResult(False, record)
-            pending = [i for i in pending if digests[i] not in outcome]
-            if not pending:
-                break
+                self._sql["claim_many"], (lease_ms, *columns)
+            )
+        }
         results = []
         for claim, digest in zip(claims, digests, strict=True):
-            result = outcome.get(digest, HELD_BY_OTHER)  # kept vanishing: a later retry
-            holder = claims[first[digest]].owner
-            if result.claimed and claim.owner != holder:  # a repeat, refused by the first
-                result = ClaimResult(False, Record(DedupStatus.CONSUMING, holder))
-            results.append(result)
+            found = rows.get(digest)  # a repeated element: as the batch's first claim left it
+            if found is None:  # the upsert returns every row it was given
+                raise StoreError(f"{self._description}: a claim's row was not returned")
+            results.append(decided(claim, *found))
         return results
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
@@ -480,6 +454,14 @@ class PostgresDedupStore(DedupStore):
             + ("" if allowed else ": missing (GRANT them to the store's user)"),
         )
         return [table, privileges]
+
+
+def decided(claim: Claim, status: str, owner: str, left_ms: int) -> ClaimResult:
+    """A claim's result from the row its upsert returned: taken if the row is this attempt's
+    CONSUMING claim (owner tokens are unique per attempt), else refused by that live row."""
+    if owner == claim.owner and status == CONSUMING:
+        return CLAIMED
+    return ClaimResult(False, live_record(status, owner, left_ms))
 
 
 def server_message(exc: BaseException) -> str:
