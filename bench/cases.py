@@ -14,7 +14,14 @@ import time
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from bench.messages import CountingHandler, consume_all, make_messages
-from bench.naive import NAIVE_SCHEMA, NaiveMySQLDedup, NaiveRedisDedup, uniq_key
+from bench.naive import (
+    NAIVE_PG_SCHEMA,
+    NAIVE_SCHEMA,
+    NaiveMySQLDedup,
+    NaivePostgresDedup,
+    NaiveRedisDedup,
+    uniq_key,
+)
 from bench.settings import (
     LEASE_MS,
     LIBRARY_KEY_PREFIX,
@@ -34,6 +41,7 @@ from rocketmq_dedup.status import ConsumeStatus
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
 from rocketmq_dedup.stores.mysql.sql import RECORD_INSERT_SQL
+from rocketmq_dedup.stores.postgres import schema_statements as postgres_schema
 from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
 from rocketmq_dedup.testing import ClassicMessage
 
@@ -52,7 +60,7 @@ class Context:
     def __init__(self, servers: Servers, run_id: str) -> None:
         self.servers = servers
         self.run_id = run_id
-        self.tables_made: set[str] = set()  # MySQL tables (re)created by this run
+        self.tables_made: set[str] = set()  # SQL tables (re)created by this run ("server:name")
 
     def app_name(self, case: str) -> str:
         return f"bench-{self.run_id}-{case}"
@@ -73,7 +81,7 @@ class Case(abc.ABC):
     """One benchmark case. ``ok`` is what ``consume`` answers for a handled message."""
 
     name: ClassVar[str]
-    needs: ClassVar[frozenset[str]] = frozenset()  # "redis", "mysql", "broker"
+    needs: ClassVar[frozenset[str]] = frozenset()  # "redis", "mysql", "postgres", "broker"
     chunked: ClassVar[bool] = True  # measured in parts, one per round (see bench.runner)
     quick_n: ClassVar[int]
     full_n: ClassVar[int]
@@ -477,10 +485,10 @@ class MySQLCase(Case):
         current schema (a table left by an older run may differ; the cases sharing it set up
         in turn)."""
         table = self.table if table is None else table
-        if table not in self.ctx.tables_made:
+        if f"mysql:{table}" not in self.ctx.tables_made:
             self.sql(f"DROP TABLE IF EXISTS `{table}`")
             self.sql(schema)
-            self.ctx.tables_made.add(table)
+            self.ctx.tables_made.add(f"mysql:{table}")
 
     def cleanup(self) -> None:
         self.sql(f"DELETE FROM `{self.table}` WHERE application_name = %s", (self.app,))
@@ -530,6 +538,91 @@ class MySQLNaiveFresh(MySQLCase):
         super().setup()
         self.make_table(NAIVE_SCHEMA.format(table=self.table))
         self.naive = NaiveMySQLDedup(self.connect(), self.table, self.app, self.handler)
+
+    def consume(self, item: Any) -> Any:
+        return self.naive(item)
+
+    def close(self) -> None:
+        super().close()
+        self.naive.conn.close()
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+class PostgresCase(Case):
+    """A case on the bench's PostgreSQL tables; ``cleanup`` deletes this case's rows."""
+
+    needs = frozenset({"postgres"})
+    quick_n, full_n = 3_000, 10_000
+    table: ClassVar[str]
+
+    def setup(self) -> None:
+        self.connect = self.ctx.servers.postgres_connect()
+        self.admin = self.connect()
+        self.admin.autocommit = True
+
+    def make_table(self, statements: Sequence[str]) -> None:
+        """Drop and create this case's table, once per run (a table left by an older run may
+        have another schema; the cases sharing it set up in turn)."""
+        if f"postgres:{self.table}" not in self.ctx.tables_made:
+            self.admin.execute(f"DROP TABLE IF EXISTS {self.table}")
+            for statement in statements:
+                self.admin.execute(statement)
+            self.ctx.tables_made.add(f"postgres:{self.table}")
+
+    def cleanup(self) -> None:
+        self.admin.execute(f"DELETE FROM {self.table} WHERE application_name = %s", (self.app,))
+
+    def close(self) -> None:
+        super().close()
+        self.admin.close()
+
+
+class LibraryPostgresCase(PostgresCase):
+    """The library's listener on a PostgreSQL store: a partial of psycopg.connect, as the README
+    shows it (the store's own pool)."""
+
+    table = LIBRARY_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(postgres_schema(self.table))
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.connect, table_name=self.table, **listener_options()
+        )
+        self.listener = BenchListener(config, self.handler)
+
+    def consume(self, item: Any) -> Any:
+        return self.listener(item)
+
+    def close(self) -> None:
+        super().close()
+        assert self.listener.dedup_config is not None
+        assert self.listener.dedup_config.persist is not None
+        self.listener.dedup_config.persist.close()
+
+
+class PostgresFresh(LibraryPostgresCase):
+    name = "pg_fresh"
+
+
+class PostgresDup(LibraryPostgresCase):
+    name = "pg_dup"
+    duplicates = True
+
+
+class PostgresNaiveFresh(PostgresCase):
+    """The Java JDBC algorithm (INSERT + UPDATE, autocommit) on the Java original's table, on
+    PostgreSQL."""
+
+    name = "pg_naive_fresh"
+    table = NAIVE_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table([NAIVE_PG_SCHEMA.format(table=self.table)])
+        self.naive = NaivePostgresDedup(self.connect(), self.table, self.app, self.handler)
 
     def consume(self, item: Any) -> Any:
         return self.naive(item)
@@ -758,6 +851,9 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     MySQLFresh,
     MySQLDup,
     MySQLNaiveFresh,
+    PostgresFresh,
+    PostgresDup,
+    PostgresNaiveFresh,
     MySQLTxPlain,
     MySQLTxDedup,
     MySQLTxRecord,
