@@ -527,3 +527,48 @@ def test_a_forked_child_never_ends_the_parents_session(pg_table: str, app_name: 
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "True", "1"], result.stderr
+
+
+# -- lock waits are not outages ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "timeout", ["lock_timeout=200", "statement_timeout=200"], ids=["lock", "statement"]
+)
+def test_a_lock_wait_that_times_out_never_runs_a_duplicate_without_dedup(
+    pg_table: str, app_name: str, timeout: str
+) -> None:
+    """A claim waiting on a row another transaction holds, until the session's lock_timeout
+    (55P03) or statement_timeout (57014) ends it: a StoreError, not an outage, so under the
+    "consume" policy the duplicate is answered RECONSUME_LATER and its handler does not run."""
+    from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener
+    from rocketmq_dedup.testing import ClassicMessage
+
+    runs: List[str] = []
+
+    class Recording(DedupConcurrentListener):
+        def do_handle_msg(self, msg: Any) -> bool:
+            runs.append(msg.id)
+            return True
+
+    store = PostgresDedupStore(pg_connect(options=f"-c {timeout}"), pg_table)
+    listener = Recording(DedupConfig.enable_dedup_consume_config(app_name, store))
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    ((app, topic, tag, key),) = pg_query(
+        f"SELECT application_name, topic, tag, msg_uniq_key FROM {pg_table} "
+        "WHERE application_name = %s",
+        app_name,
+    )
+    e = DedupElement(app, topic, tag, key)
+    holder = psycopg.connect(PG_DSN)
+    try:
+        holder.execute(f"SELECT 1 FROM {pg_table} WHERE dedup_key = %s FOR UPDATE", (e.digest(),))
+        with pytest.raises(StoreError) as caught:
+            store.claim(Claim(e, "o"), LEASE)
+        assert not isinstance(caught.value, StoreUnavailableError)
+        assert listener(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+    finally:
+        holder.rollback()
+        holder.close()
+        listener.close()
+    assert runs == ["m1"]

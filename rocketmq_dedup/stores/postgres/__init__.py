@@ -13,8 +13,9 @@ The same contract and the same row as the MySQL store (:mod:`rocketmq_dedup.stor
   that creates the CONSUMING row, takes over an expired one or leaves a live one as it is, and
   returns the row as it then is (one round trip for a fresh message, a duplicate and a
   takeover alike; a duplicate writes a new version of its row, counted in ``deliveries``); a
-  batch of claims is one such statement over arrays. Marking CONSUMED is one upsert (a success is recorded whoever holds the row);
-  releases and renewals are fenced by the owner token and the CONSUMING status.
+  batch of claims is one such statement over arrays. Marking CONSUMED is one ``UPDATE`` (an
+  upsert when the row is gone: a success is recorded whoever holds the row); releases and
+  renewals are fenced by the owner token and the CONSUMING status.
 * ``purge_expired()`` walks the table in primary-key order, ``batch_size`` rows at a time,
   and deletes the expired ones by key. No ``expire_time`` index, as on MySQL: every claim and
   mark would pay for it, and the purge is a background job.
@@ -23,9 +24,10 @@ The same contract and the same row as the MySQL store (:mod:`rocketmq_dedup.stor
   fork-safe pool; an application's ``psycopg_pool`` pool borrowed per operation and left as
   found. A lost connection is replaced and the operation retried once.
 * Errors: psycopg's ``OperationalError`` family is an outage
-  (:class:`~rocketmq_dedup.errors.StoreUnavailableError`); a pool without a free connection in
-  time is :class:`~rocketmq_dedup.errors.StorePoolExhaustedError` (not an outage); anything
-  else, e.g. a missing table (named as such), a :class:`~rocketmq_dedup.errors.StoreError`.
+  (:class:`~rocketmq_dedup.errors.StoreUnavailableError`), but a lock wait or a deadlock
+  (:data:`.connections.LOCK_CONFLICTS`) is not; a pool without a free connection in time is
+  :class:`~rocketmq_dedup.errors.StorePoolExhaustedError` (not an outage); anything else, e.g. a
+  missing table (named as such), a :class:`~rocketmq_dedup.errors.StoreError`.
 """
 
 from rocketmq_dedup.stores.postgres.connections import (

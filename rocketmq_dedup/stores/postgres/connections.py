@@ -23,9 +23,11 @@ between operations. psycopg prepares a statement server-side after its connectio
 off, and the store follows the connection's setting).
 
 Outages (:func:`is_outage`): psycopg's ``OperationalError`` family (connection refused or lost,
-the server shutting down, too many connections, a statement timeout), except a pool's timeout
-(:func:`is_pool_timeout`: the pool is busy, not the server down) and sqlstate class 40
-(a deadlock or a serialization failure: the server working as it should).
+the server shutting down or out of connections), except a pool's timeout (:func:`is_pool_timeout`:
+the pool is busy, not the server down) and what a working server answers to statements that
+met each other (:data:`LOCK_CONFLICTS`: a deadlock, a serialization failure, a lock wait ended
+by ``lock_timeout`` or ``statement_timeout``). Those are store errors: the message is consumed
+later, never run without dedup.
 """
 
 from __future__ import annotations
@@ -93,15 +95,26 @@ def is_pool_timeout(exc: BaseException) -> bool:
     ).startswith("psycopg_pool")
 
 
+#: Sqlstates of the ``OperationalError`` family that a working server answers: class 40 (a
+#: deadlock, a serialization failure), 55P03 (a lock not available within ``lock_timeout``) and
+#: 57014 (a statement cancelled, e.g. by ``statement_timeout`` while it waited for a lock).
+LOCK_CONFLICTS = ("40", "55P03", "57014")
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """True if ``exc`` is a lock wait or a deadlock (:data:`LOCK_CONFLICTS`)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith(LOCK_CONFLICTS)
+
+
 def is_outage(exc: BaseException) -> bool:
     """True if ``exc`` means the server or the connection failed (module docstring)."""
     psycopg = import_psycopg()
-    if not isinstance(exc, psycopg.OperationalError) or _module(type(exc)).startswith(
-        "psycopg_pool"
-    ):
-        return False
-    sqlstate = getattr(exc, "sqlstate", None)
-    return not (isinstance(sqlstate, str) and sqlstate.startswith("40"))
+    return (
+        isinstance(exc, psycopg.OperationalError)
+        and not _module(type(exc)).startswith("psycopg_pool")
+        and not is_lock_conflict(exc)
+    )
 
 
 def is_undefined_table(exc: BaseException) -> bool:
