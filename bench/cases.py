@@ -498,12 +498,14 @@ class MySQLCase(Case):
         self.admin.close()
 
 
-class LibraryMySQLCase(MySQLCase):
-    table = LIBRARY_TABLE
+class SQLListenerCase(Case):
+    """The library's listener on a SQL case's table, given the connection factory
+    (``self.connect``) as a user gives it; the store's connections are closed at the end."""
 
-    def setup(self) -> None:
-        super().setup()
-        self.make_table(schema_sql(self.table))
+    connect: Callable[[], Any]
+    table: ClassVar[str]
+
+    def start_listener(self) -> None:
         config = DedupConfig.enable_dedup_consume_config(
             self.app, self.connect, table_name=self.table, **listener_options()
         )
@@ -517,6 +519,15 @@ class LibraryMySQLCase(MySQLCase):
         assert self.listener.dedup_config is not None
         assert self.listener.dedup_config.persist is not None
         self.listener.dedup_config.persist.close()
+
+
+class LibraryMySQLCase(SQLListenerCase, MySQLCase):
+    table = LIBRARY_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(schema_sql(self.table))
+        self.start_listener()
 
 
 class MySQLFresh(LibraryMySQLCase):
@@ -579,7 +590,7 @@ class PostgresCase(Case):
         self.admin.close()
 
 
-class LibraryPostgresCase(PostgresCase):
+class LibraryPostgresCase(SQLListenerCase, PostgresCase):
     """The library's listener on a PostgreSQL store: a partial of psycopg.connect, as the README
     shows it (the store's own pool)."""
 
@@ -588,19 +599,7 @@ class LibraryPostgresCase(PostgresCase):
     def setup(self) -> None:
         super().setup()
         self.make_table(postgres_schema(self.table))
-        config = DedupConfig.enable_dedup_consume_config(
-            self.app, self.connect, table_name=self.table, **listener_options()
-        )
-        self.listener = BenchListener(config, self.handler)
-
-    def consume(self, item: Any) -> Any:
-        return self.listener(item)
-
-    def close(self) -> None:
-        super().close()
-        assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        self.start_listener()
 
 
 class PostgresFresh(LibraryPostgresCase):

@@ -17,6 +17,7 @@ from rocketmq_dedup.stores.postgres.connections import (
     is_psycopg_pool,
 )
 from rocketmq_dedup.stores.redis import RedisDedupStore, is_redis_client
+from rocketmq_dedup.stores.sql_common import is_sqlalchemy_engine
 
 #: The options each kind of store takes (keywords of its constructor).
 _OPTIONS_BY_STORE = {
@@ -25,12 +26,6 @@ _OPTIONS_BY_STORE = {
     PostgresDedupStore: frozenset({"table_name", "pool_size", "pool_timeout"}),
 }
 STORE_OPTIONS = frozenset().union(*_OPTIONS_BY_STORE.values())
-
-
-def is_sqlalchemy_engine(client: Any) -> bool:
-    """True for a SQLAlchemy ``Engine`` (never imports SQLAlchemy)."""
-    kind = type(client)
-    return kind.__module__.startswith("sqlalchemy") and hasattr(client, "raw_connection")
 
 
 def is_postgres_engine(engine: Any) -> bool:

@@ -34,6 +34,7 @@ class Pooled(Protocol):
 
 
 R = TypeVar("R", bound=Pooled)
+T = TypeVar("T")
 
 _POOLS: weakref.WeakSet[BoundedPool[Any]] = weakref.WeakSet()
 
@@ -55,12 +56,20 @@ class BoundedPool(Generic[R]):
     """
 
     def __init__(
-        self, open_runner: Callable[[], R], size: int, timeout: float, server: str
+        self,
+        open_runner: Callable[[], R],
+        size: int,
+        timeout: float,
+        server: str,
+        lost: Callable[[BaseException], bool] = lambda exc: False,
+        describe: Optional[Callable[[], str]] = None,
     ) -> None:
         self._open_runner = open_runner
         self.size = size
         self.timeout = timeout
         self.server = server  # named in the exhaustion error: "MySQL", "PostgreSQL"
+        self._lost = lost
+        self._describe = describe or (lambda: server)
         self._inherited: List[R] = []  # from the parent process: never touched
         self._reset()
         _POOLS.add(self)
@@ -133,6 +142,26 @@ class BoundedPool(Generic[R]):
         finally:
             self._waiting -= 1
         return self._idle.pop() if self._idle else None
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(runner, *args)`` on a pooled runner and give it back. A runner that raised
+        is discarded; after a lost connection (an error ``lost`` says is one, e.g. the server
+        restarted) the idle ones are closed too and ``fn`` runs once more on a new one (the
+        stores' statements are idempotent for their owner token, so the retry is safe)."""
+        for attempt in (1, 2):
+            runner = self.take()
+            try:
+                result = fn(runner, *args)
+            except BaseException as exc:
+                self.discard(runner)
+                if attempt == 2 or not isinstance(exc, Exception) or not self._lost(exc):
+                    raise
+                logger.warning("%s: connection failed (%s); reconnecting", self._describe(), exc)
+                self.drain()
+                continue
+            self.give(runner)
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def give(self, runner: R) -> None:
         """Return a runner whose operation succeeded."""

@@ -217,5 +217,11 @@ class ConnectionPool(BoundedPool[Runner]):
     """The MySQL store's pool of statement runners (see
     :class:`~rocketmq_dedup.stores.pool.BoundedPool`)."""
 
-    def __init__(self, open_runner: Callable[[], Runner], size: int, timeout: float) -> None:
-        super().__init__(open_runner, size, timeout, "MySQL")
+    def __init__(
+        self,
+        open_runner: Callable[[], Runner],
+        size: int,
+        timeout: float,
+        describe: Optional[Callable[[], str]] = None,
+    ) -> None:
+        super().__init__(open_runner, size, timeout, "MySQL", is_connection_error, describe)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
@@ -21,7 +20,6 @@ from rocketmq_dedup.stores.base import (
     StoreStats,
     oldest_claims,
     parse_status,
-    round_trip,
 )
 from rocketmq_dedup.stores.mysql.pool import (
     ConnectionPool,
@@ -66,6 +64,15 @@ from rocketmq_dedup.stores.mysql.transaction import (
     record_row,
 )
 from rocketmq_dedup.stores.postgres.connections import is_psycopg_connection
+from rocketmq_dedup.stores.sql_common import (
+    PurgeStep,
+    deletable,
+    detached_connections,
+    latency,
+    pool_options,
+    purge_in_key_order,
+    records_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -129,18 +136,7 @@ class MySQLDedupStore(DedupStore):
                 "connection, e.g. functools.partial(MySQLdb.connect, host=..., ...); "
                 f"got {'the class ' if isinstance(connect, type) else ''}{type_name(connect)}"
             )
-        if type(pool_size) is not int or not 1 <= pool_size <= MAX_POOL_SIZE:
-            raise DedupConfigError(
-                f"pool_size must be an int from 1 to {MAX_POOL_SIZE}; got {pool_size!r}"
-            )
-        if (
-            isinstance(pool_timeout, bool)
-            or not isinstance(pool_timeout, (int, float))
-            or not 0 < pool_timeout <= 3600
-        ):
-            raise DedupConfigError(
-                f"pool_timeout must be seconds, more than 0 and at most 3600; got {pool_timeout!r}"
-            )
+        pool_size, pool_timeout = pool_options(pool_size, pool_timeout, MAX_POOL_SIZE)
         self._connect = connect
         self.table_name = validate_table_name(table_name)
         table = quote_table(table_name)
@@ -153,7 +149,8 @@ class MySQLDedupStore(DedupStore):
         self._table = table
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
         self._description = f"MySQL {describe_factory(connect)} table {self.table_name}"
-        self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
+        self._pool = ConnectionPool(self._open_runner, pool_size, pool_timeout, self.describe)
+        self._op = self._pool.run
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
         #: be too long (a table name of 61-64 characters): the mode then runs without one.
         self.sequence_table_name: Optional[str] = sequence_table_name(table_name)
@@ -182,12 +179,7 @@ class MySQLDedupStore(DedupStore):
                 "mysql:// or mariadb:// engine (mysqlclient, PyMySQL)"
             )
 
-        def connect() -> Any:
-            fairy = engine.raw_connection()
-            fairy.detach()  # closing it now closes the DB-API connection, never pools it
-            return fairy.dbapi_connection
-
-        store = cls(connect, **options)
+        store = cls(detached_connections(engine), **options)
         store.transactions.engine = engine
         url = engine.url.render_as_string(hide_password=True)
         store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
@@ -241,26 +233,6 @@ class MySQLDedupStore(DedupStore):
             close_quietly(conn)
             raise
 
-    def _op(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(runner, *args)`` on a pooled connection and give it back. A connection
-        that raised is closed; after a lost connection (an outage error) the idle ones are
-        closed too and ``fn`` runs once more on a new one."""
-        pool = self._pool
-        for attempt in (1, 2):
-            runner = pool.take()
-            try:
-                result = fn(runner, *args)
-            except BaseException as exc:
-                pool.discard(runner)
-                if attempt == 2 or not isinstance(exc, Exception) or not is_connection_error(exc):
-                    raise
-                logger.warning("%s: connection failed (%s); reconnecting", self._description, exc)
-                pool.drain()
-                continue
-            pool.give(runner)
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
-
     @staticmethod
     def _run(runner: Runner, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
         return runner.run(sql, params, fetch)
@@ -303,24 +275,16 @@ class MySQLDedupStore(DedupStore):
         rows only, never on a live row or a gap a claim could insert into. Run it from a cron
         job or a timer, off-peak for large tables. Each step takes a pooled connection and
         gives it back; ``progress(rows scanned, rows expired)`` is called after each step."""
-        if type(batch_size) is not int or batch_size < 1:
-            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
-        total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
-        while True:
-            step: Tuple[int, int, bytes] = self._call(
-                self._op, self._purge_step, after, batch_size, dry_run
-            )
-            expired, rows, after = step
-            total += expired
-            scanned += rows
-            if progress is not None:
-                progress(scanned, total)
-            if rows < batch_size:
-                return total
+
+        def step(after: bytes, size: int) -> PurgeStep:
+            done: PurgeStep = self._call(self._op, self._purge_step, after, size, dry_run)
+            return done
+
+        return purge_in_key_order(step, batch_size, progress)
 
     def _purge_step(
         self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
-    ) -> Tuple[int, int, bytes]:
+    ) -> PurgeStep:
         """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
         rows = runner.run(self._sql["purge_scan"], (after, batch_size), True)
         expired = [bytes(key) for key, is_expired in rows if is_expired]
@@ -476,13 +440,7 @@ class MySQLDedupStore(DedupStore):
 
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         digests = [element_digest(e) for e in elements]
-        records = self._op(self._select, digests)
-        return [
-            found._replace(element=element) if found is not None else None
-            for found, element in (
-                (records.get(d), e) for d, e in zip(digests, elements, strict=True)
-            )
-        ]
+        return records_of(elements, digests, self._op(self._select, digests))
 
     # -- operator hooks ------------------------------------------------------------------
 
@@ -490,15 +448,12 @@ class MySQLDedupStore(DedupStore):
         return self._op(self._run, sql.format(table=self._table), params, True)
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
-        record = self.do_read(element)
-        if record is None or record.status is None:
-            return None
-        if record.status is DedupStatus.CONSUMED and not force:
+        status = deletable(self.do_read(element), force)
+        if status is None:
             return None
         sql = DELETE_SQL.format(table=self._table)
-        params = (element_digest(element), record.status.value)
-        deleted = self._op(self._run, sql, params)
-        return record.status if deleted else None
+        deleted = self._op(self._run, sql, (element_digest(element), status.value))
+        return status if deleted else None
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
         app = readable(application)
@@ -508,15 +463,9 @@ class MySQLDedupStore(DedupStore):
 
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []
-        begin = time.perf_counter()
         version = str(column_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
         checks.append(Diagnosis("server", True, f"version {version}"))
-        times = []
-        for _ in range(5):
-            begin = time.perf_counter()
-            self._op(self._run, CHECK_SQL, (), True)
-            times.append(time.perf_counter() - begin)
-        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        checks.append(latency(lambda: self._op(self._run, CHECK_SQL, (), True)))
         schema, _, table = self.table_name.rpartition(".")
         rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
         columns = {str(column_text(name)): str(column_text(key)) for name, key in rows}

@@ -202,8 +202,9 @@ class OwnConnections(Connections):
         self, connect: Callable[[], Any], size: int, timeout: float, description: str
     ) -> None:
         self._connect = connect
-        self.description = description
-        self.pool: BoundedPool[Runner] = BoundedPool(self._open, size, timeout, "PostgreSQL")
+        self.pool: BoundedPool[Runner] = BoundedPool(
+            self._open, size, timeout, "PostgreSQL", is_outage, lambda: description
+        )
 
     def _open(self) -> Runner:
         """A new connection from the factory, prepared."""
@@ -216,24 +217,9 @@ class OwnConnections(Connections):
             raise
 
     def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(runner, *args)`` on a pooled connection and give it back. A connection
-        that raised is closed; after a lost connection (an outage error) the idle ones are
-        closed too and ``fn`` runs once more on a new one."""
-        pool = self.pool
-        for attempt in (1, 2):
-            runner = pool.take()
-            try:
-                result = fn(runner, *args)
-            except BaseException as exc:
-                pool.discard(runner)
-                if attempt == 2 or not isinstance(exc, Exception) or not is_outage(exc):
-                    raise
-                logger.warning("%s: connection failed (%s); reconnecting", self.description, exc)
-                pool.drain()
-                continue
-            pool.give(runner)
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
+        """:meth:`BoundedPool.run`: a connection that raised is closed, and after a lost one
+        the idle ones too, and ``fn`` runs once more on a new one."""
+        return self.pool.run(fn, *args)
 
     def close(self) -> None:
         self.pool.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from rocketmq_dedup.errors import (
@@ -24,7 +23,6 @@ from rocketmq_dedup.stores.base import (
     Record,
     StoreStats,
     oldest_claims,
-    round_trip,
 )
 from rocketmq_dedup.stores.postgres import connections
 from rocketmq_dedup.stores.postgres.connections import (
@@ -71,6 +69,16 @@ from rocketmq_dedup.stores.postgres.sql import (
     quote_table,
     schema_statements,
     validate_table_name,
+)
+from rocketmq_dedup.stores.sql_common import (
+    PurgeStep,
+    deletable,
+    detached_connections,
+    is_sqlalchemy_engine,
+    latency,
+    pool_options,
+    purge_in_key_order,
+    records_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -149,12 +157,12 @@ class PostgresDedupStore(DedupStore):
         else:
             connect, where = self._factory(source)
             self._description = f"PostgreSQL {where} table {self.table_name}"
-            self.connections = OwnConnections(
-                connect,
-                _pool_size(DEFAULT_POOL_SIZE if pool_size is None else pool_size),
-                _pool_timeout(DEFAULT_POOL_TIMEOUT if pool_timeout is None else pool_timeout),
-                self._description,
+            size, timeout = pool_options(
+                DEFAULT_POOL_SIZE if pool_size is None else pool_size,
+                DEFAULT_POOL_TIMEOUT if pool_timeout is None else pool_timeout,
+                MAX_POOL_SIZE,
             )
+            self.connections = OwnConnections(connect, size, timeout, self._description)
         self._run = self.connections.run
         table = quote_table(self.table_name)
         self._sql: Dict[str, str] = {
@@ -181,7 +189,7 @@ class PostgresDedupStore(DedupStore):
 
     def _factory(self, source: Any) -> Tuple[Callable[[], Any], str]:
         """A connection factory and its address, from a factory or an engine."""
-        if _is_engine(source):
+        if is_sqlalchemy_engine(source):
             return self._engine_factory(source)
         if is_psycopg_connection(source):
             raise DedupConfigError(
@@ -198,9 +206,8 @@ class PostgresDedupStore(DedupStore):
         return source, describe_source(source)
 
     def _engine_factory(self, engine: Any) -> Tuple[Callable[[], Any], str]:
-        """Connections from a SQLAlchemy engine's ``raw_connection()``, detached from its pool
-        (the store keeps them in its own, in autocommit mode, which must never leak into the
-        engine's pool)."""
+        """Connections from a SQLAlchemy engine, detached from its pool
+        (:func:`~rocketmq_dedup.stores.sql_common.detached_connections`)."""
         dialect = getattr(engine, "dialect", None)
         name, driver = getattr(dialect, "name", None), getattr(dialect, "driver", None)
         if name != "postgresql" or driver != "psycopg":
@@ -209,14 +216,9 @@ class PostgresDedupStore(DedupStore):
                 "postgresql+psycopg:// engine (psycopg 3)"
             )
 
-        def connect() -> Any:
-            fairy = engine.raw_connection()
-            fairy.detach()  # closing it now closes the DB-API connection, never pools it
-            return fairy.dbapi_connection
-
         self.engine = engine
         url = engine.url.render_as_string(hide_password=True)
-        return connect, f"{url} (SQLAlchemy)"
+        return detached_connections(engine), f"{url} (SQLAlchemy)"
 
     @property
     def pool(self) -> Any:
@@ -275,24 +277,16 @@ class PostgresDedupStore(DedupStore):
         expired rows only). Autovacuum reclaims the space of the rows deleted. Run it from a
         cron job or a timer; ``progress(rows scanned, rows expired)`` is called after each
         step."""
-        if type(batch_size) is not int or batch_size < 1:
-            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
-        total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
-        while True:
-            step: Tuple[int, int, bytes] = self._call(
-                self._run, self._purge_step, after, batch_size, dry_run
-            )
-            expired, rows, after = step
-            total += expired
-            scanned += rows
-            if progress is not None:
-                progress(scanned, total)
-            if rows < batch_size:
-                return total
+
+        def step(after: bytes, size: int) -> PurgeStep:
+            done: PurgeStep = self._call(self._run, self._purge_step, after, size, dry_run)
+            return done
+
+        return purge_in_key_order(step, batch_size, progress)
 
     def _purge_step(
         self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
-    ) -> Tuple[int, int, bytes]:
+    ) -> PurgeStep:
         """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
         rows = runner.rows(self._sql["purge_scan"], (after, batch_size))
         expired = [bytes(key) for key, is_expired in rows if is_expired]
@@ -380,25 +374,17 @@ class PostgresDedupStore(DedupStore):
 
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         digests = [element_digest(e) for e in elements]
-        records = self._run(self._select, digests)
-        return [
-            found._replace(element=element) if found is not None else None
-            for found, element in (
-                (records.get(d), e) for d, e in zip(digests, elements, strict=True)
-            )
-        ]
+        return records_of(elements, digests, self._run(self._select, digests))
 
     # -- operator hooks ------------------------------------------------------------------
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
-        record = self.do_read(element)
-        if record is None or record.status is None:
+        status = deletable(self.do_read(element), force)
+        if status is None:
             return None
-        if record.status is DedupStatus.CONSUMED and not force:
-            return None
-        params = (element_digest(element), record.status.value)
+        params = (element_digest(element), status.value)
         deleted = self._run(Runner.count, self._sql["delete"], params)
-        return record.status if deleted else None
+        return status if deleted else None
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
         app = (readable(application),)
@@ -417,12 +403,7 @@ class PostgresDedupStore(DedupStore):
                 + ("" if encoding == "UTF8" else ": readable columns need UTF8 for any key"),
             )
         )
-        times = []
-        for _ in range(5):
-            begin = time.perf_counter()
-            self._run(Runner.rows, CHECK_SQL, ())
-            times.append(time.perf_counter() - begin)
-        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        checks.append(latency(lambda: self._run(Runner.rows, CHECK_SQL, ())))
         checks += self._table_checks()
         return checks
 
@@ -470,26 +451,3 @@ def server_message(exc: BaseException) -> str:
     primary = getattr(getattr(exc, "diag", None), "message_primary", None)
     lines = str(exc).strip().splitlines()
     return str(primary) if primary else (lines[0] if lines else type(exc).__name__)
-
-
-def _is_engine(client: Any) -> bool:
-    kind = type(client)
-    return kind.__module__.startswith("sqlalchemy") and hasattr(client, "raw_connection")
-
-
-def _pool_size(size: Any) -> int:
-    if type(size) is not int or not 1 <= size <= MAX_POOL_SIZE:
-        raise DedupConfigError(f"pool_size must be an int from 1 to {MAX_POOL_SIZE}; got {size!r}")
-    return size
-
-
-def _pool_timeout(timeout: Any) -> float:
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout <= 3600
-    ):
-        raise DedupConfigError(
-            f"pool_timeout must be seconds, more than 0 and at most 3600; got {timeout!r}"
-        )
-    return float(timeout)
