@@ -4,7 +4,6 @@ connection to give (not an outage: never a handler run without dedup)."""
 
 from __future__ import annotations
 
-import collections
 import functools
 import threading
 import time
@@ -18,7 +17,6 @@ import sqlalchemy
 
 from rocketmq_dedup import (
     ConsumeStatus,
-    DedupConcurrentListener,
     DedupConfig,
     DedupElement,
     PostgresDedupStore,
@@ -27,6 +25,7 @@ from rocketmq_dedup.errors import StorePoolExhaustedError, StoreUnavailableError
 from rocketmq_dedup.stores import make_store
 from rocketmq_dedup.stores.base import CLAIMED, Claim
 from rocketmq_dedup.testing import ClassicMessage
+from tests.integration.test_redis_pool import Counting
 from tests.support import PrivatePostgres, pg_connect, wait_for
 
 SUCCESS, LATER = ConsumeStatus.CONSUME_SUCCESS, ConsumeStatus.RECONSUME_LATER
@@ -68,16 +67,6 @@ def source_of(kind: str, dsn: str, request: pytest.FixtureRequest) -> Any:
     )
     request.addfinalizer(engine.dispose)
     return engine
-
-
-class Counting(DedupConcurrentListener):
-    def __init__(self, config: DedupConfig) -> None:
-        super().__init__(config)
-        self.runs: collections.Counter[str] = collections.Counter()
-
-    def do_handle_msg(self, msg: Any) -> bool:
-        self.runs[msg.id] += 1
-        return True
 
 
 def listener_on(store: Any, app: str, **options: Any) -> Counting:
