@@ -28,6 +28,7 @@ from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.test_redis_pool import Counting
 from tests.support import PrivatePostgres, pg_connect, wait_for
 
+pytestmark = pytest.mark.postgres
 SUCCESS, LATER = ConsumeStatus.CONSUME_SUCCESS, ConsumeStatus.RECONSUME_LATER
 TABLE = "t_rocketmq_dedup_outage"
 SOURCES = ["factory", "pool", "sqlalchemy"]

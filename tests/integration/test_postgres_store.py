@@ -30,10 +30,11 @@ from rocketmq_dedup import (
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.stores import make_store
 from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER, Claim
-from rocketmq_dedup.stores.postgres.connections import Runner
+from rocketmq_dedup.stores.postgres.connections import LibpqRunner, Runner
 from tests.conftest import PG_KINDS, make_pg_store
 from tests.support import PG_DSN, claims, mysql_connect, outcome, pg_connect, pg_query, wait_for
 
+pytestmark = pytest.mark.postgres
 REPO = Path(__file__).resolve().parents[2]
 LEASE = 60_000
 
@@ -125,23 +126,24 @@ def test_a_schema_qualified_mixed_case_name_is_used_as_written(app_name: str) ->
 
 
 @pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> List[str]:
-    """The statements the store runs (each one round trip), recorded."""
-    seen: List[str] = []
-    for name in ("rows", "count"):
-        original = getattr(Runner, name)
+def statements(monkeypatch: pytest.MonkeyPatch) -> List[Any]:
+    """The statements the store runs (each one round trip), recorded: through the cursor, or
+    through libpq's calls (the claim and the mark on the store's own connections)."""
+    seen: List[Any] = []
+    for kind, name in ((Runner, "rows"), (Runner, "count"), (LibpqRunner, "_run")):
+        original = getattr(kind, name)
 
-        def recording(self: Runner, sql: str, params: Any, _run: Any = original) -> Any:
+        def recording(self: Any, sql: Any, *args: Any, _run: Any = original) -> Any:
             seen.append(sql)
-            return _run(self, sql, params)
+            return _run(self, sql, *args)
 
-        monkeypatch.setattr(Runner, name, recording)
+        monkeypatch.setattr(kind, name, recording)
     return seen
 
 
 @pytest.mark.parametrize("kind", PG_KINDS)
 def test_every_decision_is_one_statement(
-    kind: str, app_name: str, statements: List[str], request: pytest.FixtureRequest
+    kind: str, app_name: str, statements: List[Any], request: pytest.FixtureRequest
 ) -> None:
     """A fresh claim, a duplicate's (CONSUMING or CONSUMED), a takeover, a mark, a release and
     a batch of 32 mixed claims each cost one statement: one round trip."""
@@ -192,7 +194,7 @@ def blocked_on_a_lock(pid: int) -> bool:
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_a_row_committed_while_the_claim_waits_refuses_it_in_the_same_statement(
-    pg_store: PostgresDedupStore, app_name: str, statements: List[str], batch: bool
+    pg_store: PostgresDedupStore, app_name: str, statements: List[Any], batch: bool
 ) -> None:
     """A claim that meets a row another session is inserting waits for it, and once it is
     committed (after the claim statement's snapshot was taken) reports it: refused, with its

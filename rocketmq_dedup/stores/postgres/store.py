@@ -27,6 +27,7 @@ from rocketmq_dedup.stores.base import (
 from rocketmq_dedup.stores.postgres import connections
 from rocketmq_dedup.stores.postgres.connections import (
     Connections,
+    HotStatements,
     OwnConnections,
     Runner,
     UserPoolConnections,
@@ -144,6 +145,8 @@ class PostgresDedupStore(DedupStore):
     ) -> None:
         import_psycopg()  # the [postgres] extra, named now rather than at the first message
         self.table_name = validate_table_name(table_name)
+        table = quote_table(self.table_name)
+        hot = HotStatements(CLAIM_SQL.format(table=table), MARK_SQL.format(table=table))
         self.engine: Any = None
         if is_psycopg_pool(source):
             if pool_size is not None or pool_timeout is not None:
@@ -153,7 +156,7 @@ class PostgresDedupStore(DedupStore):
                 )
             where = describe_source(source)
             self._description = f"PostgreSQL {where} table {self.table_name}"
-            self.connections: Connections = UserPoolConnections(source, self._description)
+            self.connections: Connections = UserPoolConnections(source, hot, self._description)
         else:
             connect, where = self._factory(source)
             self._description = f"PostgreSQL {where} table {self.table_name}"
@@ -162,15 +165,12 @@ class PostgresDedupStore(DedupStore):
                 DEFAULT_POOL_TIMEOUT if pool_timeout is None else pool_timeout,
                 MAX_POOL_SIZE,
             )
-            self.connections = OwnConnections(connect, size, timeout, self._description)
+            self.connections = OwnConnections(connect, hot, size, timeout, self._description)
         self._run = self.connections.run
-        table = quote_table(self.table_name)
         self._sql: Dict[str, str] = {
             name: sql.format(table=table)
             for name, sql in (
-                ("claim", CLAIM_SQL),
                 ("claim_many", CLAIM_MANY_SQL),
-                ("mark", MARK_SQL),
                 ("mark_upsert", MARK_UPSERT_SQL),
                 ("mark_many", MARK_MANY_SQL),
                 ("release", RELEASE_SQL),
@@ -184,8 +184,6 @@ class PostgresDedupStore(DedupStore):
                 ("claims", CLAIMS_SQL),
             )
         }
-        self._claim_sql = self._sql["claim"]
-        self._mark_sql = self._sql["mark"]
 
     def _factory(self, source: Any) -> Tuple[Callable[[], Any], str]:
         """A connection factory and its address, from a factory or an engine."""
@@ -306,9 +304,9 @@ class PostgresDedupStore(DedupStore):
         return self._run(self._claim, claim, lease_ms)
 
     def _claim(self, runner: Runner, claim: Claim, lease_ms: int) -> ClaimResult:
-        row = claim_row(claim, element_digest(claim.element), lease_ms)
-        ((status, owner, left),) = runner.rows(self._claim_sql, row)
-        return decided(claim, status, owner, left)
+        return decided(
+            claim, *runner.claim(claim_row(claim, element_digest(claim.element), lease_ms))
+        )
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         return self._run(self._claim_many, claims, lease_ms)
@@ -337,7 +335,7 @@ class PostgresDedupStore(DedupStore):
 
     def _mark_consumed(self, runner: Runner, claim: Claim, retention_ms: int) -> None:
         digest = element_digest(claim.element)
-        if not runner.count(self._mark_sql, (claim.owner, retention_ms, digest)):
+        if not runner.mark((claim.owner, retention_ms, digest)):
             runner.count(self._sql["mark_upsert"], claim_row(claim, digest, retention_ms))
 
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
