@@ -174,6 +174,40 @@ def test_every_decision_is_one_statement(
     assert len(statements) == 7
 
 
+@pytest.mark.parametrize(
+    ("kind", "runner"),
+    [
+        ("postgres", "LibpqRunner"),
+        ("postgres_factory", "LibpqRunner"),
+        ("postgres_sqlalchemy", "LibpqRunner"),
+        ("postgres_pool", "Runner"),
+    ],
+)
+def test_hot_statements_use_libpq_on_the_stores_own_connections(
+    kind: str, runner: str, app_name: str, request: pytest.FixtureRequest
+) -> None:
+    """The store's own connections run the claim and the mark through libpq (prepared once
+    under the store's names, or unnamed when the connection's prepare_threshold is None); an
+    application's pool's connections go through psycopg's cursor."""
+    store = make_pg_store(kind, request)
+    seen: List[str] = []
+    assert isinstance(store, PostgresDedupStore)
+
+    def claim(runner: Runner, c: Claim) -> Any:
+        seen.append(type(runner).__name__)
+        return store._claim(runner, c, LEASE)
+
+    e = element(app_name, "k'\\%s")
+    assert store._run(claim, Claim(e, "o1")) == CLAIMED
+    store.mark_consumed(Claim(e, "o1"), LEASE)
+    assert seen == [runner]
+    assert outcome(store.claim(Claim(e, "o2"), LEASE)) == outcome(ALREADY_CONSUMED)
+    names = store._run(Runner.rows, "SELECT name FROM pg_prepared_statements ORDER BY 1", ())
+    named = kind in ("postgres", "postgres_sqlalchemy")  # prepare_threshold None: unnamed
+    expected = [("rocketmq_dedup_claim",), ("rocketmq_dedup_mark",)] if named else []
+    assert [n for n in names if n[0].startswith("rocketmq_dedup")] == expected
+
+
 def begin_insert(table: str, e: DedupElement, owner: str) -> Any:
     """Another session's transaction that has inserted a live claim of ``e`` and not yet
     committed."""
