@@ -583,7 +583,12 @@ class PostgresCase(Case):
             self.ctx.tables_made.add(f"postgres:{self.table}")
 
     def cleanup(self) -> None:
+        """Delete this case's rows, and vacuum the table: the dead rows a repetition leaves
+        would otherwise slow the next one's inserts, the naive table's four-column unique
+        index most (measured: pg_naive_fresh fell from 2,319 to 1,509 msg/s over 9 repetitions
+        without it, while pg_fresh did not)."""
         self.admin.execute(f"DELETE FROM {self.table} WHERE application_name = %s", (self.app,))
+        self.admin.execute(f"VACUUM {self.table}")
 
     def close(self) -> None:
         super().close()
