@@ -1,7 +1,8 @@
 """Consumer-side message deduplication for RocketMQ Python consumers.
 
 A port of the Java RocketMQDedupListener: subclass :class:`DedupConcurrentListener`, implement
-``do_handle_msg``, give it a :class:`DedupConfig` with a Redis or MySQL store, and subscribe it.
+``do_handle_msg``, give it a :class:`DedupConfig` with a Redis, MySQL or PostgreSQL store, and
+subscribe it.
 For handlers that write to MySQL/MariaDB, :class:`TransactionalDedupListener` commits their
 writes and the dedup record in one transaction (exactly once).
 """
@@ -37,6 +38,7 @@ from rocketmq_dedup.stores import (
     DedupStore,
     MemoryDedupStore,
     MySQLDedupStore,
+    PostgresDedupStore,
     Record,
     RedisDedupStore,
 )
@@ -65,6 +67,7 @@ __all__ = [
     "MySQLDedupStore",
     "Outcome",
     "PayloadMismatch",
+    "PostgresDedupStore",
     "Purger",
     "Record",
     "RedisDedupStore",

@@ -2,10 +2,13 @@
 extra (click).
 
 Stores are named by URL: ``--redis redis://[:password@]host:port/db`` (also ``rediss://`` and
-``unix://``, as redis-py reads them) or ``--mysql mysql://user[:password]@host[:port]/database``
-(``?unix_socket=/path`` accepted). Both may come from the environment instead
-(``ROCKETMQ_DEDUP_REDIS_URL``, ``ROCKETMQ_DEDUP_MYSQL_URL``), and so may the passwords
-(``REDISCLI_AUTH``, ``ROCKETMQ_DEDUP_MYSQL_PASSWORD``), to keep them off the command line.
+``unix://``, as redis-py reads them), ``--mysql mysql://user[:password]@host[:port]/database``
+(``?unix_socket=/path`` accepted) or ``--postgres postgresql://user[:password]@host[:port]/dbname``
+(any libpq URL, ``?sslmode=...`` and the like included). Each may come from the environment
+instead (``ROCKETMQ_DEDUP_REDIS_URL``, ``ROCKETMQ_DEDUP_MYSQL_URL``,
+``ROCKETMQ_DEDUP_POSTGRES_URL``), and so may the passwords (``REDISCLI_AUTH``,
+``ROCKETMQ_DEDUP_MYSQL_PASSWORD``, ``ROCKETMQ_DEDUP_POSTGRES_PASSWORD``; libpq's own
+``PGPASSWORD`` and ``~/.pgpass`` work too), to keep them off the command line.
 
 Exit status: 0 done; 1 a check failed (``check``: e.g. the table is missing or lacks a column,
 or the user may not write it; a ``warn`` line, e.g. a Redis that evicts keys, is not a failure)
@@ -22,7 +25,18 @@ import sys
 import time
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from rocketmq_dedup.errors import DedupError, MissingExtraError
@@ -39,6 +53,8 @@ from rocketmq_dedup.owner import claimed_at
 from rocketmq_dedup.stores import make_store
 from rocketmq_dedup.stores.base import PROBE_APPLICATION, DedupStore, Record
 from rocketmq_dedup.stores.mysql import DEFAULT_TABLE_NAME, MySQLDedupStore, schema_statements
+from rocketmq_dedup.stores.postgres import PostgresDedupStore
+from rocketmq_dedup.stores.postgres import schema_statements as postgres_schema_statements
 from rocketmq_dedup.stores.redis import DEFAULT_KEY_PREFIX
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,7 +75,7 @@ def _version() -> str:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", "-V", prog_name="rocketmq-dedup")
 def cli() -> None:
-    """Look at and repair rocketmq-dedup's records in Redis or MySQL."""
+    """Look at and repair rocketmq-dedup's records in Redis, MySQL or PostgreSQL."""
 
 
 # -- store options -------------------------------------------------------------------------------
@@ -79,16 +95,23 @@ def _wraps(function: Callable[..., Any]) -> Callable[[Callable[..., Any]], Calla
 
 
 def store_options(function: Callable[..., Any], required: bool = True) -> Callable[..., Any]:
-    """--redis/--mysql/--table/--key-prefix, resolved into the ``store`` argument (checked
-    once: an unreachable store is exit status 2); None when not ``required`` and not named."""
+    """--redis/--mysql/--postgres/--table/--key-prefix, resolved into the ``store`` argument
+    (checked once: an unreachable store is exit status 2); None when not ``required`` and not
+    named."""
 
     @_wraps(function)
     def with_store(
-        redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str, **kw: Any
+        redis_url: Optional[str],
+        mysql_url: Optional[str],
+        postgres_url: Optional[str],
+        table: str,
+        key_prefix: str,
+        **kw: Any,
     ) -> Any:
-        if not required and not redis_url and not mysql_url:
+        urls = StoreUrls(redis_url, mysql_url, postgres_url)
+        if not required and not any(urls):
             return function(store=None, **kw)
-        return function(store=open_store(redis_url, mysql_url, table, key_prefix), **kw)
+        return function(store=open_store(urls, table, key_prefix), **kw)
 
     options = [
         click.option(
@@ -105,7 +128,20 @@ def store_options(function: Callable[..., Any], required: bool = True) -> Callab
             metavar="URL",
             help="mysql://user[:password]@host[:port]/database (env ROCKETMQ_DEDUP_MYSQL_URL).",
         ),
-        click.option("--table", default=DEFAULT_TABLE_NAME, show_default=True, help="MySQL table."),
+        click.option(
+            "--postgres",
+            "postgres_url",
+            envvar="ROCKETMQ_DEDUP_POSTGRES_URL",
+            metavar="URL",
+            help="postgresql://user[:password]@host[:port]/dbname "
+            "(env ROCKETMQ_DEDUP_POSTGRES_URL).",
+        ),
+        click.option(
+            "--table",
+            default=DEFAULT_TABLE_NAME,
+            show_default=True,
+            help="MySQL or PostgreSQL table.",
+        ),
         click.option(
             "--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True, help="Redis prefix."
         ),
@@ -116,21 +152,35 @@ def store_options(function: Callable[..., Any], required: bool = True) -> Callab
     return wrapped
 
 
-def open_store(
-    redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str
-) -> DedupStore:
+class StoreUrls(NamedTuple):
+    """The store URLs given (one of them names the store)."""
+
+    redis: Optional[str]
+    mysql: Optional[str]
+    postgres: Optional[str]
+
+
+def open_store(urls: StoreUrls, table: str, key_prefix: str) -> DedupStore:
     """The store the options name, checked once (an unreachable store is exit status 2)."""
-    if bool(redis_url) == bool(mysql_url):
-        raise UsageProblem("name one store: --redis URL or --mysql URL")
-    if redis_url:
-        store = make_store(_redis_client(redis_url), key_prefix=key_prefix)
+    if sum(map(bool, urls)) != 1:
+        raise UsageProblem("name one store: --redis URL, --mysql URL or --postgres URL")
+    if urls.redis:
+        store = make_store(_redis_client(urls.redis), key_prefix=key_prefix)
+    elif urls.mysql:
+        store = make_store(mysql_factory(urls.mysql), table_name=table)
     else:
-        store = make_store(mysql_factory(str(mysql_url)), table_name=table)
+        store = make_store(postgres_factory(str(urls.postgres)), table_name=table)
     try:
         store.check()
     except DedupError as exc:
-        raise UsageProblem(f"cannot reach {store.describe()}: {exc.__cause__ or exc}") from exc
+        cause = one_line(exc.__cause__ or exc)
+        raise UsageProblem(f"cannot reach {store.describe()}: {cause}") from exc
     return store
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (a server's may span several: libpq adds hints)."""
+    return " ".join(str(exc).split())
 
 
 def _redis_client(url: str) -> Any:
@@ -186,6 +236,33 @@ def mysql_factory(url: str) -> Callable[[], Any]:
             "MySQL needs a driver: pip install 'rocketmq-dedup[mysql]' (or PyMySQL)"
         ) from exc
     return functools.partial(pymysql.connect, **params)
+
+
+def postgres_factory(url: str) -> Callable[[], Any]:
+    """A psycopg connection factory for ``postgresql://user:password@host:port/dbname`` (a
+    ``functools.partial`` of ``psycopg.connect``, as make_store recognises it)."""
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError as exc:
+        raise UsageProblem(
+            "PostgreSQL needs psycopg: pip install 'rocketmq-dedup[postgres]'"
+        ) from exc
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise UsageProblem(
+            f"bad PostgreSQL URL {url!r}: expected postgresql://user[:password]@host[:port]/dbname"
+        )
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        params = conninfo_to_dict(url)
+    except (ValueError, psycopg.Error) as exc:
+        raise UsageProblem(f"bad PostgreSQL URL {url!r}: {one_line(exc)}") from exc
+    options: Dict[str, Any] = {"connect_timeout": 5}
+    password = os.environ.get("ROCKETMQ_DEDUP_POSTGRES_PASSWORD")
+    if password and "password" not in params:
+        options["password"] = password
+    return functools.partial(psycopg.connect, url, **options)
 
 
 def element_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -394,9 +471,11 @@ def stats(
 @click.option("--batch-size", default=1000, show_default=True, help="Rows per step.")
 @click.option("--dry-run", is_flag=True, help="Count the expired rows; delete nothing.")
 def purge(store: DedupStore, batch_size: int, dry_run: bool) -> None:
-    """Delete expired MySQL rows, with progress."""
-    if not isinstance(store, MySQLDedupStore):
-        raise UsageProblem("Redis expires its records by itself: purge is for --mysql")
+    """Delete expired MySQL or PostgreSQL rows, with progress."""
+    if not isinstance(store, (MySQLDedupStore, PostgresDedupStore)):
+        raise UsageProblem(
+            "Redis expires its records by itself: purge is for --mysql and --postgres"
+        )
     with click.progressbar(length=0, label="scanning", show_pos=True) as bar:
 
         def progress(scanned: int, expired: int) -> None:
@@ -424,6 +503,18 @@ def schema_mysql(table: str) -> None:
     except DedupError as exc:
         raise UsageProblem(str(exc)) from exc
     click.echo("\n\n".join(s + ";" for s in statements))
+
+
+@schema.command("postgres")
+@click.option("--table", default=DEFAULT_TABLE_NAME, show_default=True, help="Table name.")
+def schema_postgres(table: str) -> None:
+    """The statements of the PostgreSQL store's table: CREATE TABLE and its column comments
+    (what create_table() runs)."""
+    try:
+        statements = postgres_schema_statements(table)
+    except DedupError as exc:
+        raise UsageProblem(str(exc)) from exc
+    click.echo(";\n".join(statements) + ";")
 
 
 def kit_files() -> Iterator[Tuple[str, Traversable]]:
@@ -479,10 +570,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         click.echo("aborted", err=True)
         return 130
     except (DedupError, NotImplementedError) as exc:
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {one_line(exc)}", err=True)
         return 2
     except Exception as exc:  # a server error mid-command: one line, not a traceback
-        click.echo(f"Error: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"Error: {type(exc).__name__}: {one_line(exc)}", err=True)
         return 2
     return 0
 

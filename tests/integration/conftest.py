@@ -1,7 +1,8 @@
 """The integration layer: ``store`` runs on every server kind (Redis, Redis Cluster, MariaDB
-through mysqlclient, PyMySQL and mysql-connector-python); tests are marked ``redis`` or
-``mysql`` by the servers they use (a private server a test starts itself counts:
-``private_redis``, ``private_mariadb``)."""
+through mysqlclient, PyMySQL and mysql-connector-python, PostgreSQL through a psycopg factory of
+either shape, a psycopg_pool pool and a SQLAlchemy engine); tests are marked ``redis``,
+``mysql`` or ``postgres`` by the servers they use (a private server a test starts itself
+counts: ``private_redis``, ``private_mariadb``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import List
 import pytest
 
 from rocketmq_dedup.stores.base import DedupStore
-from tests.conftest import MYSQL_DRIVERS, make_store
+from tests.conftest import MYSQL_DRIVERS, PG_KINDS, make_store
 
-STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS]
+STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS, *PG_KINDS]
 _REDIS_FIXTURES = {"redis_client", "redis_cluster_client", "private_redis"}
 _MYSQL_FIXTURES = {"mysql_table", "private_mariadb"}
+_PG_FIXTURES = {"pg_table", "pg_pool", "pg_engine"}
 
 
 @pytest.fixture
@@ -34,14 +36,15 @@ def store(request: pytest.FixtureRequest) -> DedupStore:
     return make_store(request.param, request)
 
 
-@pytest.fixture(params=["redis", "redis_cluster", "mysql"])
+@pytest.fixture(params=["redis", "redis_cluster", "mysql", "postgres"])
 def shared_store_kind(request: pytest.FixtureRequest) -> str:
     """Store kinds shared between processes."""
     return str(request.param)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    """Mark each test with the servers it uses (``-m redis`` / ``-m mysql`` select them)."""
+    """Mark each test with the servers it uses (``-m redis`` / ``-m mysql`` / ``-m postgres``
+    select them)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
@@ -51,3 +54,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
             item.add_marker(pytest.mark.redis)
         if names & _MYSQL_FIXTURES or kind.startswith("mysql"):
             item.add_marker(pytest.mark.mysql)
+        if names & _PG_FIXTURES or kind.startswith("postgres"):
+            item.add_marker(pytest.mark.postgres)

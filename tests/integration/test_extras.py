@@ -27,6 +27,8 @@ STATE = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-dedup"))
 EXTRA_IMPORTS = {
     "redis": "import redis",
     "mysql": "import MySQLdb",
+    # the binary wheel: its libpq loads without the system's
+    "postgres": "import psycopg; assert psycopg.pq.__impl__ == 'binary', psycopg.pq.__impl__",
     # loads librocketmq: fails with "rocketmq dynamic library not found" when it is not bundled
     "rocketmq": "from rocketmq.client import PushConsumer",
     "rocketmq5": "from rocketmq import ClientConfiguration",

@@ -12,7 +12,7 @@ from rocketmq_dedup.stores.mysql import schema_sql
 BLOCK_EXTRAS = (
     "import sys\n"
     "for name in ('redis', 'MySQLdb', 'pymysql', 'mysql', 'rocketmq', 'click',\n"
-    "             'prometheus_client', 'opentelemetry', 'sqlalchemy'):\n"
+    "             'prometheus_client', 'opentelemetry', 'sqlalchemy', 'psycopg', 'psycopg_pool'):\n"
     "    sys.modules[name] = None  # makes 'import name' raise ImportError\n"
 )
 
@@ -47,6 +47,16 @@ def test_missing_extra_names_the_extra_to_install() -> None:
         "except MissingExtraError as exc:\n    print(exc)\n"
     )
     assert "pip install 'rocketmq-dedup[redis]'" in result.stdout, result.stderr
+
+
+def test_missing_postgres_extra_names_it() -> None:
+    """The PostgreSQL store without psycopg raises MissingExtraError naming [postgres]."""
+    result = run_python(
+        "from rocketmq_dedup import PostgresDedupStore, MissingExtraError\n"
+        "try:\n    PostgresDedupStore(lambda: None)\n"
+        "except MissingExtraError as exc:\n    print(exc)\n"
+    )
+    assert "pip install 'rocketmq-dedup[postgres]'" in result.stdout, result.stderr
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:

@@ -57,10 +57,10 @@ def test_every_marker_is_followed_by_its_block() -> None:
 
 
 def test_every_quickstart_file_is_in_the_readme_once() -> None:
-    """samples/quickstart_*.py: all five, each shown once; and the testing sample once."""
+    """samples/quickstart_*.py: all six, each shown once; and the testing sample once."""
     shown = [path for path, _ in marked_blocks(README.read_text())]
     expected = [f"samples/{p.name}" for p in QUICKSTARTS]
-    assert len(expected) == 5
+    assert len(expected) == 6
     assert sorted(p for p in shown if "/quickstart_" in p) == expected
     assert shown.count("samples/test_payment_listener.py") == 1
 
@@ -89,7 +89,7 @@ def test_one_listener_class_serves_both_clients() -> None:
     """Every plain quick start (classic and 5.x) defines the same OrderListener, word for
     word."""
     sources = class_sources("OrderListener")
-    assert sorted(sources) == [p.name for p in PLAIN_QUICKSTARTS] and len(sources) == 4
+    assert sorted(sources) == [p.name for p in PLAIN_QUICKSTARTS] and len(sources) == 5
     assert len(set(sources.values())) == 1
     assert "message_keys(msg)" in next(iter(sources.values()))
 
@@ -428,7 +428,8 @@ def test_env_vars_and_ports_in_the_readme_are_the_codes() -> None:
     """Each environment variable and each port the README (either language) names appears in
     the code, samples or scripts that read or open it."""
     text, code = README.read_text(), code_text()
-    env_vars = set(re.findall(r"\b((?:ROCKETMQ|REDIS|MYSQL|ORDER|DEDUP)_[A-Z_]+[A-Z])\b", text))
+    prefixes = "ROCKETMQ|REDIS|MYSQL|POSTGRES|ORDER|DEDUP"
+    env_vars = set(re.findall(rf"\b((?:{prefixes})_[A-Z_]+[A-Z])\b", text))
     env_vars |= {"REDISCLI_AUTH"}
     assert len(env_vars) >= 10
     for name in env_vars:
@@ -436,7 +437,7 @@ def test_env_vars_and_ports_in_the_readme_are_the_codes() -> None:
     ports = set(re.findall(r"(?:127\.0\.0\.1:|port=|\()(\d{4,5})\b", text))
     ports |= set(re.findall(r"(?:server|gRPC|remoting|broker) (\d{4,5})\b", text))
     ports |= {p for pair in re.findall(r"\b(\d{5})-(\d{5})\b", text) for p in pair}
-    assert {"16379", "13306", "9876", "8081", "19090", "8000"} <= ports
+    assert {"16379", "13306", "15432", "9876", "8081", "19090", "8000"} <= ports
     for port in ports:
         assert re.search(rf"\b{port}\b", code), port
 

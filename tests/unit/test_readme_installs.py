@@ -36,6 +36,8 @@ PROVIDERS = {
     "prometheus_client": "prometheus_client",
     "opentelemetry": "opentelemetry-api",
     "sqlalchemy": "SQLAlchemy",
+    "psycopg": "psycopg",
+    "psycopg_pool": "psycopg-pool",
     "pytest": "pytest",
     "rocketmq.client": "rocketmq-client-python",
     "rocketmq": "rocketmq-python-client",
@@ -43,7 +45,11 @@ PROVIDERS = {
 #: Modules of this package that need a distribution at import time.
 PACKAGE_MODULES = {"rocketmq_dedup.cli": "click", "rocketmq_dedup.pytest_plugin": "pytest"}
 #: The command line's store options, and the distributions that serve each (any one of them).
-CLI_STORES = {"--redis": ("redis",), "--mysql": ("mysqlclient", "PyMySQL")}
+CLI_STORES = {
+    "--redis": ("redis",),
+    "--mysql": ("mysqlclient", "PyMySQL"),
+    "--postgres": ("psycopg",),
+}
 PIP_INSTALL = re.compile(r"pip install ([^`;\n#]+)")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError, StoreError
@@ -21,7 +20,6 @@ from rocketmq_dedup.stores.base import (
     StoreStats,
     oldest_claims,
     parse_status,
-    round_trip,
 )
 from rocketmq_dedup.stores.mysql.connection import (
     MySQLdbRunner,
@@ -69,7 +67,17 @@ from rocketmq_dedup.stores.mysql.sql import (
     validate_table_name,
 )
 from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
+from rocketmq_dedup.stores.postgres.connections import is_psycopg_connection
 from rocketmq_dedup.stores.purge import PurgeBatch
+from rocketmq_dedup.stores.sql_common import (
+    PurgeStep,
+    deletable,
+    detached_connections,
+    latency,
+    pool_options,
+    purge_in_key_order,
+    records_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -136,18 +144,7 @@ class MySQLDedupStore(DedupStore):
                 "connection, e.g. functools.partial(MySQLdb.connect, host=..., ...); "
                 f"got {'the class ' if isinstance(connect, type) else ''}{type_name(connect)}"
             )
-        if type(pool_size) is not int or not 1 <= pool_size <= MAX_POOL_SIZE:
-            raise DedupConfigError(
-                f"pool_size must be an int from 1 to {MAX_POOL_SIZE}; got {pool_size!r}"
-            )
-        if (
-            isinstance(pool_timeout, bool)
-            or not isinstance(pool_timeout, (int, float))
-            or not 0 < pool_timeout <= 3600
-        ):
-            raise DedupConfigError(
-                f"pool_timeout must be seconds, more than 0 and at most 3600; got {pool_timeout!r}"
-            )
+        pool_size, pool_timeout = pool_options(pool_size, pool_timeout, MAX_POOL_SIZE)
         self._connect = connect
         self.table_name = validate_table_name(table_name)
         table = quote_table(table_name)
@@ -166,7 +163,8 @@ class MySQLDedupStore(DedupStore):
         self._database: Optional[str] = keywords.get("database", keywords.get("db"))
         #: The application whose write check waits for the table (:meth:`create_table`).
         self._unproven: Optional[str] = None
-        self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
+        self._pool = ConnectionPool(self._open_runner, pool_size, pool_timeout, self.describe)
+        self._op = self._pool.run
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
         #: be too long (a table name of 61-64 characters): the mode then runs without one.
         self.sequence_table_name: Optional[str] = sequence_table_name(table_name)
@@ -196,14 +194,9 @@ class MySQLDedupStore(DedupStore):
                 "mysql:// or mariadb:// engine (mysqlclient, PyMySQL)"
             )
 
-        def connect() -> Any:
-            fairy = engine.raw_connection()
-            fairy.detach()  # closing it now closes the DB-API connection, never pools it
-            return fairy.dbapi_connection
-
         from rocketmq_dedup.stores.mysql.sqlalchemy_guard import guard_engine
 
-        store = cls(connect, **options)
+        store = cls(detached_connections(engine), **options)
         store.transactions.engine = engine
         url = engine.url.render_as_string(hide_password=True)
         store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
@@ -259,6 +252,13 @@ class MySQLDedupStore(DedupStore):
                 f"{self._description}: the connection factory must return a DB-API "
                 f"connection; got {type_name(conn)}"
             )
+        if is_psycopg_connection(conn):  # a factory make_store could not tell from MySQL's
+            close_quietly(conn)
+            raise StoreError(
+                f"{self._description}: the connection factory returned a PostgreSQL "
+                "connection (psycopg): build PostgresDedupStore(factory), or pass "
+                "functools.partial(psycopg.connect, ...), which is recognised"
+            )
         try:
             prepare_connection(conn)
             if is_mysqlclient(conn):
@@ -267,26 +267,6 @@ class MySQLDedupStore(DedupStore):
         except BaseException:
             close_quietly(conn)
             raise
-
-    def _op(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(runner, *args)`` on a pooled connection and give it back. A connection
-        that raised is closed; after a lost connection (an outage error) the idle ones are
-        closed too and ``fn`` runs once more on a new one."""
-        pool = self._pool
-        for attempt in (1, 2):
-            runner = pool.take()
-            try:
-                result = fn(runner, *args)
-            except BaseException as exc:
-                pool.discard(runner)
-                if attempt == 2 or not isinstance(exc, Exception) or not is_connection_error(exc):
-                    raise
-                logger.warning("%s: connection failed (%s); reconnecting", self._description, exc)
-                pool.drain()
-                continue
-            pool.give(runner)
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def _run(runner: Runner, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
@@ -333,20 +313,12 @@ class MySQLDedupStore(DedupStore):
         rows only, never on a live row or a gap a claim could insert into. Run it from a cron
         job or a timer, off-peak for large tables. Each step takes a pooled connection and
         gives it back; ``progress(rows scanned, rows expired)`` is called after each step."""
-        if type(batch_size) is not int or batch_size < 1:
-            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
-        total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
-        while True:
-            batch: PurgeBatch = self._call(
-                self._op, purge_step, self._table, after, batch_size, dry_run
-            )
-            total += batch.deleted
-            scanned += batch.scanned
-            after = batch.last_key
-            if progress is not None:
-                progress(scanned, total)
-            if batch.scanned < batch_size:
-                return total
+
+        def step(after: bytes, size: int) -> PurgeStep:
+            batch: PurgeBatch = self._call(self._op, purge_step, self._table, after, size, dry_run)
+            return batch.deleted, batch.scanned, batch.last_key
+
+        return purge_in_key_order(step, batch_size, progress)
 
     def purge_session(self) -> MySQLPurgeSession:
         """A session of its own for the in-process purger (:class:`rocketmq_dedup.Purger`):
@@ -521,13 +493,7 @@ class MySQLDedupStore(DedupStore):
 
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         digests = [element_digest(e) for e in elements]
-        records = self._op(self._select, digests)
-        return [
-            found._replace(element=element) if found is not None else None
-            for found, element in (
-                (records.get(d), e) for d, e in zip(digests, elements, strict=True)
-            )
-        ]
+        return records_of(elements, digests, self._op(self._select, digests))
 
     # -- operator hooks ------------------------------------------------------------------
 
@@ -535,15 +501,12 @@ class MySQLDedupStore(DedupStore):
         return self._op(self._run, sql.format(table=self._table), params, True)
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
-        record = self.do_read(element)
-        if record is None or record.status is None:
-            return None
-        if record.status is DedupStatus.CONSUMED and not force:
+        status = deletable(self.do_read(element), force)
+        if status is None:
             return None
         sql = DELETE_SQL.format(table=self._table)
-        params = (element_digest(element), record.status.value)
-        deleted = self._op(self._run, sql, params)
-        return record.status if deleted else None
+        deleted = self._op(self._run, sql, (element_digest(element), status.value))
+        return status if deleted else None
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
         app = readable(application)
@@ -554,15 +517,9 @@ class MySQLDedupStore(DedupStore):
 
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []
-        begin = time.perf_counter()
         version = str(column_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
         checks.append(Diagnosis("server", True, f"version {version}"))
-        times = []
-        for _ in range(5):
-            begin = time.perf_counter()
-            self._op(self._run, CHECK_SQL, (), True)
-            times.append(time.perf_counter() - begin)
-        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        checks.append(latency(lambda: self._op(self._run, CHECK_SQL, (), True)))
         schema, _, table = self.table_name.rpartition(".")
         rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
         columns = {str(column_text(name)): str(column_text(key)) for name, key in rows}
