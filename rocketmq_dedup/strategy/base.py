@@ -167,11 +167,6 @@ class Delivery:
         self.msg = msg
 
 
-#: ``Delivery(0, msg)`` for the single-message path, without the ``__init__`` frame (0.1 us):
-#: ``delivery = new_delivery(Delivery); delivery.msg = msg``.
-new_delivery = object.__new__
-
-
 class DedupTemplate(Strategy):
     """The consume template of the dedup strategies (module docstring): subclasses supply the
     claim, run and finish steps."""

@@ -32,7 +32,7 @@ from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
 from rocketmq_dedup.stores.base import Claim, Record
-from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, new_delivery, retry_locally
+from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
 logger = logging.getLogger(__name__)
@@ -63,8 +63,7 @@ class DedupStrategy(DedupTemplate):
         snap = config._snapshot or config.snapshot()
         if snap.in_progress_wait_ms:
             return self.consume((msg,))[0]
-        delivery = new_delivery(Delivery)  # Delivery(0, msg), without its __init__ frame
-        delivery.msg = msg
+        delivery = Delivery(0, msg)
         metrics = snap.metrics
         started = 0
         if metrics is not None and snap.metrics_start_time:
