@@ -101,7 +101,7 @@ class DedupStrategy(DedupTemplate):
             finally:  # whatever happened, the claim is not held past this call
                 handled = _perf_counter() if metrics is not None else 0.0
                 if keeper is not None:
-                    keeper.drop_owner(owner, None)
+                    keeper.drop_one(claim)
                 if status is SUCCESS:
                     try:
                         store.mark_consumed(claim, snap.retention_ms)
