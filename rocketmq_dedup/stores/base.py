@@ -130,12 +130,7 @@ class DedupStore(abc.ABC):
 
     def claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         """Atomically claim ``claim.element`` for ``claim.owner`` for ``lease_ms`` ms."""
-        try:  # _call, inlined: every message passes here
-            return self.do_claim(claim, lease_ms)
-        except DedupError:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
+        return self._call(self.do_claim, claim, lease_ms)
 
     def claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         """Claim several elements at once: one result per claim, in order."""
@@ -147,24 +142,14 @@ class DedupStore(abc.ABC):
 
     def mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         """Record the claim's element as CONSUMED for ``retention_ms`` milliseconds."""
-        try:  # _call, inlined: every message passes here
-            self.do_mark_consumed(claim, retention_ms)
-        except DedupError:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
+        self._call(self.do_mark_consumed, claim, retention_ms)
 
     def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         """Record several elements as CONSUMED at once."""
-        try:  # _call, inlined: every message passes here
-            if len(claims) == 1:
-                self.do_mark_consumed(claims[0], retention_ms)
-            elif claims:
-                self.do_mark_consumed_many(claims, retention_ms)
-        except DedupError:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
+        if len(claims) == 1:  # stores have cheaper single-element paths
+            self._call(self.do_mark_consumed, claims[0], retention_ms)
+        elif claims:
+            self._call(self.do_mark_consumed_many, claims, retention_ms)
 
     def release(self, claim: Claim) -> bool:
         """Delete the CONSUMING claim; False if it is no longer this owner's."""
@@ -240,6 +225,7 @@ class DedupStore(abc.ABC):
         return isinstance(exc, self.outage_errors)
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, its errors wrapped once (:meth:`wrap_error`)."""
         try:
             return fn(*args)
         except DedupError:
