@@ -37,7 +37,6 @@ RenewalCallback = Callable[[int, int, float, bool], None]
 
 #: A held claim: its lease (ms) and when renewal gives up on it (time.monotonic()).
 _Held = Tuple[Claim, int, float]
-_monotonic = time.monotonic  # (read per message: a module global, not an attribute)
 
 
 class LeaseKeeper:
@@ -73,7 +72,7 @@ class LeaseKeeper:
     def hold(self, claims: Sequence[Claim], lease_ms: int, max_processing_ms: int) -> None:
         """Start renewing these claims, each to ``lease_ms``, until :meth:`drop` or until
         ``max_processing_ms`` from now."""
-        give_up = _monotonic() + max_processing_ms / 1000
+        give_up = time.monotonic() + max_processing_ms / 1000
         held = self._held
         for claim in claims:
             held[claim.owner] = (claim, lease_ms, give_up)  # a dict store: atomic under the GIL
@@ -82,7 +81,7 @@ class LeaseKeeper:
 
     def hold_one(self, claim: Claim, lease_ms: int, max_processing_ms: int) -> None:
         """:meth:`hold` of one claim (the single-message path, without its loop)."""
-        self._held[claim.owner] = (claim, lease_ms, _monotonic() + max_processing_ms / 1000)
+        self._held[claim.owner] = (claim, lease_ms, time.monotonic() + max_processing_ms / 1000)
         if lease_ms < self._served_lease_ms:
             self._serve(lease_ms)
 

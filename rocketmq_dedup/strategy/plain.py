@@ -36,7 +36,6 @@ from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
 logger = logging.getLogger(__name__)
-_perf_counter = time.perf_counter
 
 
 class DedupStrategy(DedupTemplate):
@@ -74,17 +73,17 @@ class DedupStrategy(DedupTemplate):
                 owner = with_fingerprint(owner, delivery.fingerprint)
             claim = Claim(delivery.element, owner)  # type: ignore[arg-type]
             store = self.store
-            began = _perf_counter() if metrics is not None else 0.0
+            began = time.perf_counter() if metrics is not None else 0.0
             try:
                 result = store.claim(claim, snap.lease_ms)
             except StoreError as exc:
                 if metrics is not None:
                     self._time_store_call(
-                        metrics, snap, StoreOp.CLAIM, _perf_counter() - began, False
+                        metrics, snap, StoreOp.CLAIM, time.perf_counter() - began, False
                     )
                 self._store_failed([delivery], exc, snap)
                 return delivery.status or self._run(delivery, snap)
-            claimed = _perf_counter() if metrics is not None else 0.0
+            claimed = time.perf_counter() if metrics is not None else 0.0
             if not result.claimed:  # (no in-process wait on this path: _refused's is moot)
                 if metrics is not None:
                     self._time_store_call(metrics, snap, StoreOp.CLAIM, claimed - began, True)
@@ -99,7 +98,7 @@ class DedupStrategy(DedupTemplate):
                 if status is not SUCCESS and snap.local_retries:
                     status = self._retry_locally(msg, snap, status)
             finally:  # whatever happened, the claim is not held past this call
-                handled = _perf_counter() if metrics is not None else 0.0
+                handled = time.perf_counter() if metrics is not None else 0.0
                 if keeper is not None:
                     keeper.drop_one(claim)
                 if status is SUCCESS:
@@ -111,7 +110,7 @@ class DedupStrategy(DedupTemplate):
                             self._time_store_call(
                                 metrics, snap, StoreOp.CLAIM, claimed - began, True
                             )
-                            seconds = _perf_counter() - handled
+                            seconds = time.perf_counter() - handled
                             self._time_store_call(
                                 metrics, snap, StoreOp.MARK_CONSUMED, seconds, False
                             )
@@ -119,7 +118,7 @@ class DedupStrategy(DedupTemplate):
                             delivery.handler_seconds = handled - claimed
                     else:
                         if metrics is not None:  # the common case: its three reports at once
-                            marked = _perf_counter()
+                            marked = time.perf_counter()
                             report = False  # reported here, with its store calls
                             try:
                                 snap.metrics_handled(  # type: ignore[misc]
