@@ -507,8 +507,8 @@ class LibraryMySQLCase(MySQLCase):
     def close(self) -> None:
         super().close()
         assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        assert self.listener.dedup_config.store is not None
+        self.listener.dedup_config.store.close()
 
 
 class MySQLFresh(LibraryMySQLCase):
@@ -720,8 +720,8 @@ class MySQLTxDedup(MySQLTxCase):
     def close(self) -> None:
         super().close()
         assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        assert self.listener.dedup_config.store is not None
+        self.listener.dedup_config.store.close()
 
 
 class MySQLTx12Plain(MySQLTxPlain):
