@@ -47,20 +47,32 @@ class Reported(Protocol):
     """None: no decision to report (a batch's message not reached, an interrupted handler)."""
     started: int
     handler_seconds: Optional[float]
+    claim_seconds: Optional[float]
+    """The single-message path's claim, when it succeeded."""
+    mark_seconds: Optional[float]
+    """The single-message path's CONSUMED mark, when it succeeded."""
     store_calls: Tuple[StoreCall, ...]
+    """The single-message path's other store calls (a failed claim or mark, a release)."""
+
+
+def _no_time() -> int:
+    return 0
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 class Meter:
     """No metrics: nothing is timed or reported (:data:`UNMETERED`). :class:`Metered` overrides
     every method."""
 
-    def arrival(self) -> int:
-        """When a message arrived (``time.time_ns()``) for metrics that want it, else 0."""
-        return 0
-
-    def clock(self) -> float:
-        """A reading of the clock durations are measured with; 0.0 without metrics."""
-        return 0.0
+    def __init__(self) -> None:
+        #: When a message arrived, for metrics that want it (``time.time_ns``); else 0.
+        self.arrival: Callable[[], int] = _no_time
+        #: A reading of the clock durations are measured with (``time.perf_counter``); 0.0
+        #: without metrics.
+        self.clock: Callable[[], float] = _no_clock
 
     def claim(
         self, message: Reported, store: DedupStore, claim: Claim, lease_ms: int
@@ -99,24 +111,24 @@ UNMETERED = Meter()
 
 
 class Metered(Meter):
-    """Times and reports to ``metrics`` for ``application`` (the module docstring)."""
+    """Times and reports to ``metrics`` for ``application`` (the module docstring). A single
+    message's claim and CONSUMED mark that succeed are kept as plain durations on the message
+    (the path of most messages: no record built for them, one ``handled()`` call); any other
+    store call of it as a :data:`StoreCall`."""
 
     def __init__(self, metrics: DedupMetrics, application: str) -> None:
+        super().__init__()
         self.metrics = metrics
         self.application = application
+        wants_start_time = getattr(metrics, "wants_start_time", True)
+        self.arrival = time.time_ns if wants_start_time else _no_time
+        self.clock = time.perf_counter
         handled = getattr(metrics, "handled", None)
         #: ``metrics.handled``, or the three calls it stands for on a duck-typed metrics object
         #: without it
         self._handled: Callable[..., None] = (
             handled if callable(handled) else functools.partial(DedupMetrics.handled, metrics)
         )
-        self._wants_start_time = bool(getattr(metrics, "wants_start_time", True))
-
-    def arrival(self) -> int:
-        return time.time_ns() if self._wants_start_time else 0
-
-    def clock(self) -> float:
-        return time.perf_counter()
 
     def claim(
         self, message: Reported, store: DedupStore, claim: Claim, lease_ms: int
@@ -127,7 +139,7 @@ class Metered(Meter):
         except BaseException:
             _keep(message, StoreOp.CLAIM, begin, False)
             raise
-        _keep(message, StoreOp.CLAIM, begin, True)
+        message.claim_seconds = time.perf_counter() - begin
         return result
 
     def mark_consumed(
@@ -139,7 +151,7 @@ class Metered(Meter):
         except BaseException:
             _keep(message, StoreOp.MARK_CONSUMED, begin, False)
             raise
-        _keep(message, StoreOp.MARK_CONSUMED, begin, True)
+        message.mark_seconds = time.perf_counter() - begin
 
     def release(self, message: Reported, store: DedupStore, claim: Claim) -> bool:
         begin = time.perf_counter()
@@ -163,23 +175,33 @@ class Metered(Meter):
 
     def report(self, messages: Iterable[Reported]) -> None:
         for message in messages:
-            if message.outcome is not None:
-                self._decided(message)
+            outcome = message.outcome
+            if outcome is not None:
+                self._decided(message, outcome)
 
     def report_one(self, message: Reported) -> None:
-        calls = message.store_calls
-        if (
-            message.outcome is Outcome.CONSUMED
-            and len(calls) == 2
-            and calls[0][2]  # the claim and the CONSUMED mark succeeded: the common case
-            and calls[1][2]
-        ):
-            self._report_handled(message, calls[0][1], calls[1][1])
+        claim_seconds, mark_seconds = message.claim_seconds, message.mark_seconds
+        if claim_seconds is not None and mark_seconds is not None:  # handled, and recorded:
+            try:  # the path of most messages, its decision and two timings in one call
+                self._handled(
+                    self.application,
+                    _topic(message),
+                    message.msg,
+                    message.started,
+                    message.handler_seconds,
+                    claim_seconds,
+                    mark_seconds,
+                )
+            except Exception:
+                _metrics_failed()
             return
-        for op, seconds, ok in calls:
+        if claim_seconds is not None:
+            self._store_operation(StoreOp.CLAIM, claim_seconds, True)
+        for op, seconds, ok in message.store_calls:
             self._store_operation(op, seconds, ok)
-        if message.outcome is not None:
-            self._decided(message)
+        outcome = message.outcome
+        if outcome is not None:
+            self._decided(message, outcome)
 
     def leases(self, renewed: int, lost: int, seconds: float, ok: bool) -> None:
         try:
@@ -196,33 +218,18 @@ class Metered(Meter):
         except Exception:
             _metrics_failed()
 
-    def _decided(self, message: Reported) -> None:
+    def _decided(self, message: Reported, outcome: Outcome) -> None:
         """``metrics.message`` of one decision."""
         try:
             self.metrics.message(
                 Decision(
                     self.application,
                     _topic(message),
-                    message.outcome,  # type: ignore[arg-type]  # (checked by the callers)
+                    outcome,
                     message.msg,
                     message.started,
                     message.handler_seconds,
                 )
-            )
-        except Exception:
-            _metrics_failed()
-
-    def _report_handled(self, message: Reported, claim_seconds: float, mark_seconds: float) -> None:
-        """A handled message's decision and its claim's and mark's timings, in one call."""
-        try:
-            self._handled(
-                self.application,
-                _topic(message),
-                message.msg,
-                message.started,
-                message.handler_seconds,
-                claim_seconds,
-                mark_seconds,
             )
         except Exception:
             _metrics_failed()
@@ -234,7 +241,8 @@ def meter_for(metrics: Optional[DedupMetrics], application: str) -> Meter:
 
 
 def _keep(message: Reported, op: StoreOp, begin: float, ok: bool) -> None:
-    """Keep a store call's timing with its message (reported by :meth:`Meter.report_one`)."""
+    """Keep a store call's timing with its message (reported by :meth:`Meter.report_one`),
+    as a :data:`StoreCall`."""
     message.store_calls += ((op, time.perf_counter() - begin, ok),)
 
 

@@ -165,9 +165,12 @@ class Delivery:
     """How long the handler ran (0.0 without metrics: the meter's clock reads 0)."""
     fingerprint: Optional[str] = None
     """The payload's, with payload_fingerprint."""
+    claim_seconds: Optional[float] = None
+    mark_seconds: Optional[float] = None
     store_calls: Tuple[StoreCall, ...] = ()
-    """The single-message path's store calls, timed by the meter and reported with the
-    decision (a batch's are reported as they return)."""
+    """The single-message path's store timings (the claim's and the mark's when they
+    succeed, any other call as a record), kept by the meter and reported with the decision;
+    a batch's are reported as they return."""
 
     def __init__(self, position: int, msg: Any, started: int = 0) -> None:
         self.position = position
@@ -241,21 +244,9 @@ class DedupTemplate(Strategy):
     # -- the key step ----------------------------------------------------------------------
 
     def _key(self, delivery: Delivery, snap: Snapshot) -> bool:
-        """Set ``delivery.element`` and return True; False when the message is consumed
-        without dedup (no key) or decided (its status: a refused key, a hook that raised)."""
-        key = self._key_text(delivery)
-        if not key:
-            return False
-        if self.hooks.payload_of is not None and not self._fingerprint(delivery):
-            return False
-        topic, tag = message_topic_tag(delivery.msg)
-        delivery.element = DedupElement(snap.application_name, topic, tag, key)
-        return True
-
-    def _key_text(self, delivery: Delivery) -> Optional[str]:
-        """The message's dedup key as text (:func:`key_text`); None when it is consumed
-        without dedup (no key, or an empty one: ``outcome`` NO_KEY) or its key was refused or
-        raised (``status`` LATER)."""
+        """Set ``delivery.element`` (the key as text: :func:`key_text`) and return True;
+        False when the message is consumed without dedup (no key, or an empty one: outcome
+        NO_KEY) or is decided (a refused key, a hook that raised: status LATER)."""
         msg = delivery.msg
         try:
             raw = self.hooks.key_of(msg)
@@ -263,22 +254,25 @@ class DedupTemplate(Strategy):
         except KeyRefused as exc:
             self._log.log(logging.ERROR, "dedup_message_key: %s; consume later", exc)
             delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
-            return None
+            return False
         except Exception:
-            self._hook_failed(delivery, "dedup_message_key")
-            return None
-        if key is None:
-            logger.debug("dedup key is None; consuming without dedup")
-        elif not key:
-            self._log.log(
-                logging.WARNING,
-                "dedup key is empty for a message of topic %r; consuming without dedup",
-                message_topic(msg),
-            )
-        else:
-            return key
-        delivery.outcome = Outcome.NO_KEY
-        return None
+            return self._hook_failed(delivery, "dedup_message_key")
+        if not key:
+            if key is None:
+                logger.debug("dedup key is None; consuming without dedup")
+            else:
+                self._log.log(
+                    logging.WARNING,
+                    "dedup key is empty for a message of topic %r; consuming without dedup",
+                    message_topic(msg),
+                )
+            delivery.outcome = Outcome.NO_KEY
+            return False
+        if self.hooks.payload_of is not None and not self._fingerprint(delivery):
+            return False
+        topic, tag = message_topic_tag(msg)
+        delivery.element = DedupElement(snap.application_name, topic, tag, key)
+        return True
 
     def _fingerprint(self, delivery: Delivery) -> bool:
         """Fingerprint the payload (listeners that define ``payload_fingerprint``); False

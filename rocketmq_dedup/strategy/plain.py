@@ -76,8 +76,9 @@ class ClaimStrategy(DedupTemplate):
             try:
                 status = self._run(delivery, snap)
             finally:  # whatever happened, the claim is not held past this call
-                if delivery.claim is not None:
-                    self._settle_one(delivery, status is SUCCESS, snap)
+                claim = delivery.claim
+                if claim is not None:
+                    self._settle_one(delivery, claim, status is SUCCESS, snap)
             return status
         finally:
             snap.meter.report_one(delivery)
@@ -86,7 +87,7 @@ class ClaimStrategy(DedupTemplate):
         """:meth:`_claim` of one keyed delivery, with the store's single claim: held
         (``delivery.claim``), decided (``delivery.status``: :meth:`_duplicate_status`), or to
         run without dedup."""
-        claim = _new_claim(delivery.element, delivery.fingerprint)  # type: ignore[arg-type]
+        claim = _new_claim(delivery)
         try:
             result = snap.meter.claim(delivery, self.store, claim, snap.lease_ms)
         except StoreError as exc:
@@ -101,10 +102,9 @@ class ClaimStrategy(DedupTemplate):
             if keeper is not None:
                 keeper.hold_one(claim, snap.lease_ms, snap.max_processing_ms)
 
-    def _settle_one(self, delivery: Delivery, consumed: bool, snap: Snapshot) -> None:
+    def _settle_one(self, delivery: Delivery, claim: Claim, consumed: bool, snap: Snapshot) -> None:
         """:meth:`_finish` of one held delivery: CONSUMED if its handler succeeded, else its
         claim released. Never raises a StoreError."""
-        claim: Claim = delivery.claim  # type: ignore[assignment]
         if self._keeper is not None:
             self._keeper.drop_one(claim)
         if consumed:
@@ -125,7 +125,7 @@ class ClaimStrategy(DedupTemplate):
     def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
         """Claim every keyed delivery in one store call; decide the answer of those not
         claimed; return the ones this call holds."""
-        claims = [_new_claim(d.element, d.fingerprint) for d in keyed]  # type: ignore[arg-type]
+        claims = [_new_claim(d) for d in keyed]
         try:
             results = self._store_call(
                 snap, StoreOp.CLAIM, self.store.claim_many, claims, snap.lease_ms
@@ -287,12 +287,13 @@ class ClaimStrategy(DedupTemplate):
             keeper.close()
 
 
-def _new_claim(element: DedupElement, fingerprint: Optional[str]) -> Claim:
-    """A claim of ``element`` by a new owner token (carrying the payload's fingerprint, if
-    any)."""
+def _new_claim(delivery: Delivery) -> Claim:
+    """A claim of a keyed delivery's element by a new owner token (carrying the payload's
+    fingerprint, if any)."""
     owner = owner_tokens.next()
-    if fingerprint is not None:
-        owner = with_fingerprint(owner, fingerprint)
+    if delivery.fingerprint is not None:
+        owner = with_fingerprint(owner, delivery.fingerprint)
+    element: DedupElement = delivery.element  # type: ignore[assignment]  # (keyed)
     return Claim(element, owner)
 
 
