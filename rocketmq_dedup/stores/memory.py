@@ -17,6 +17,7 @@ from rocketmq_dedup.stores.base import (
     StoreStats,
     count_statuses,
     oldest_claims,
+    refused_by,
 )
 
 #: A record: (consumed, owner, expires at in clock seconds), kept under its element's fields as
@@ -95,7 +96,7 @@ class MemoryDedupStore(PerElementStore):
                     return CLAIMED
             finally:
                 lock.release()
-        return ClaimResult(False, Record(_STATUS[entry[0]], entry[1]))
+        return refused_by(_STATUS[entry[0]], entry[1])
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         expires = self._clock() + retention_ms / 1000

@@ -53,7 +53,7 @@ from rocketmq_dedup.status import (
     PayloadMismatch,
     StoreFailurePolicy,
 )
-from rocketmq_dedup.stores.base import Claim, DedupStore, Record
+from rocketmq_dedup.stores.base import Claim, DedupStore, Record, new_element
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, KeyRefused, key_text, run_handler
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ class DedupTemplate(Strategy):
         if self.hooks.payload_of is not None and not self._fingerprint(delivery):
             return False
         topic, tag = message_topic_tag(msg)
-        delivery.element = DedupElement(snap.application_name, topic, tag, key)
+        delivery.element = new_element(snap.application_name, topic, tag, key)
         return True
 
     def _fingerprint(self, delivery: Delivery) -> bool:

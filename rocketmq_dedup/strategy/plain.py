@@ -36,7 +36,7 @@ from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
-from rocketmq_dedup.stores.base import Claim, Record
+from rocketmq_dedup.stores.base import Claim, Record, new_claim
 from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
@@ -294,7 +294,7 @@ def _new_claim(delivery: Delivery) -> Claim:
     if delivery.fingerprint is not None:
         owner = with_fingerprint(owner, delivery.fingerprint)
     element: DedupElement = delivery.element  # type: ignore[assignment]  # (keyed)
-    return Claim(element, owner)
+    return new_claim(element, owner)
 
 
 __all__ = ["LATER", "SUCCESS", "ClaimStrategy"]
