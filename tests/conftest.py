@@ -6,6 +6,7 @@ the servers."""
 
 from __future__ import annotations
 
+import ctypes
 import uuid
 from typing import Any, Iterator
 
@@ -16,6 +17,7 @@ from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, RedisDedupStore
 from rocketmq_dedup.stores import make_store as make_store_for
 from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.stores.foreign import ForeignStore
+from tests.native import NativeBuildError, build_library
 from tests.support import REDIS_CLUSTER_URL, REDIS_URL, DuckStore, mysql_connect
 
 TEST_TABLE = "t_rocketmq_dedup_test"
@@ -64,6 +66,16 @@ def mysql_table() -> str:
     conn.close()
     MySQLDedupStore(connect, TEST_TABLE).create_table()
     return TEST_TABLE
+
+
+@pytest.fixture(scope="session")
+def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """tests/native's callback_thread.c, built once per session in a temporary directory: it
+    calls Python from native pthreads, as librocketmq calls a listener."""
+    try:
+        return build_library(tmp_path_factory.mktemp("native"))
+    except NativeBuildError as exc:
+        pytest.fail(f"cannot build the native callback library: {exc}")
 
 
 @pytest.fixture

@@ -5,12 +5,9 @@ pool) never imports it, nor calls into it."""
 from __future__ import annotations
 
 import ctypes
-import json
-import subprocess
 import sys
 import threading
 import uuid
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -19,25 +16,15 @@ from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, 
 from rocketmq_dedup.adapters import classic
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.testing import ClassicMessage, deliver
-from tests.native import NativeBuildError, build_library, run_callbacks
+from tests.native import run_callbacks
 from tests.python_callers import install_stand_in_5x
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import fresh_python, last_json_line
 
 
 def python_callers(*args: str) -> Dict[str, Any]:
     """``python -m tests.python_callers`` in a fresh process (nothing imported before it)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.python_callers", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    answer: Dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
-    return answer
+    seen: Dict[str, Any] = last_json_line(fresh_python("-m", "tests.python_callers", *args))
+    return seen
 
 
 class Listener(DedupConcurrentListener):
@@ -60,14 +47,6 @@ def test_a_thread_python_did_not_start_does_import_it() -> None:
     seen = python_callers("--stand-in-5x", "--raw-thread")
     assert seen["answers"][-1] == "CONSUME_SUCCESS"
     assert seen["imported"] is True
-
-
-@pytest.fixture(scope="module")
-def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    try:
-        return build_library(tmp_path_factory.mktemp("native"))
-    except NativeBuildError as exc:
-        pytest.fail(f"cannot build the native callback library: {exc}")
 
 
 @pytest.fixture
