@@ -517,8 +517,8 @@ class SQLListenerCase(Case):
     def close(self) -> None:
         super().close()
         assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        assert self.listener.dedup_config.store is not None
+        self.listener.dedup_config.store.close()
 
 
 class LibraryMySQLCase(SQLListenerCase, MySQLCase):
@@ -832,8 +832,8 @@ class MySQLTxDedup(MySQLTxCase):
     def close(self) -> None:
         super().close()
         assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        assert self.listener.dedup_config.store is not None
+        self.listener.dedup_config.store.close()
 
 
 class MySQLTx12Plain(MySQLTxPlain):

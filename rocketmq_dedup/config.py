@@ -10,15 +10,14 @@ setting assigned while messages flow applies from the next batch, never half-way
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-import functools
 import math
 from typing import (
     Any,
     Callable,
     Dict,
     Generic,
-    NamedTuple,
     Optional,
     Type,
     TypeVar,
@@ -29,6 +28,7 @@ from typing import (
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.horizon import DEFAULT_MAX_RECONSUME_TIMES, redelivery_horizon_ms
 from rocketmq_dedup.metrics import DedupMetrics
+from rocketmq_dedup.metrics.meter import Meter, meter_for
 from rocketmq_dedup.status import (
     ExactlyOnceClaim,
     PayloadMismatch,
@@ -65,12 +65,14 @@ def fits_bigint(value: int) -> bool:
     return BIGINT_MIN <= value <= BIGINT_MAX
 
 
-class Snapshot(NamedTuple):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
     """The settings as a listener uses them, read once per batch (:meth:`DedupConfig.snapshot`):
-    durations in whole milliseconds, choices as enums or flags."""
+    durations in whole milliseconds, choices as enums or flags. Frozen, with slots: a message
+    reads several of its fields, each as fast as an attribute can be read (a NamedTuple's
+    field is a descriptor call)."""
 
     application_name: str
-    store: Optional[DedupStore]
     lease_ms: int
     retention_ms: int
     max_processing_ms: int
@@ -80,11 +82,9 @@ class Snapshot(NamedTuple):
     store_failure_policy: StoreFailurePolicy
     lease_renewal: bool
     metrics: Optional[DedupMetrics]
-    metrics_handled: Optional[Callable[..., None]]
-    """``metrics.handled`` (:meth:`DedupMetrics.handled`), or its three calls for a metrics
-    object without it; None without metrics."""
-    metrics_start_time: bool
-    """Whether the decisions carry ``started_ns`` (:attr:`DedupMetrics.wants_start_time`)."""
+    meter: Meter
+    """What the consume path reports to ``metrics`` (:mod:`rocketmq_dedup.metrics.meter`):
+    chosen here, once, so that a message without metrics has no metrics branch."""
     payload_mismatch: PayloadMismatch
     sequence_mode: SequenceMode
     sequence_start: int
@@ -366,10 +366,16 @@ class DedupConfig:
         self._used: Dict[str, Any] = {}
         self._snapshot: Optional[Snapshot] = None
         self.application_name = application_name
-        self.persist = persist if enabled else None
+        #: Where the records live (None with dedup disabled); ``persist``, the Java name.
+        self.store: Optional[DedupStore] = persist if enabled else None
         self.enabled = bool(enabled)
         for name, setting in _SETTINGS.items():
             setattr(self, name, settings.get(name, setting.default))
+
+    @property
+    def persist(self) -> Optional[DedupStore]:
+        """The store (:attr:`store`), by the Java original's name."""
+        return self.store
 
     @classmethod
     def settings(cls) -> Dict[str, Any]:
@@ -426,16 +432,10 @@ class DedupConfig:
         if snapshot is None:
             used = self._used
             hold_ms = used["max_processing_ms"] if used["lease_renewal"] else used["lease_ms"]
-            metrics = used["metrics"]
-            handled = getattr(metrics, "handled", None)
-            if metrics is not None and not callable(handled):
-                handled = functools.partial(DedupMetrics.handled, metrics)
             snapshot = self._snapshot = Snapshot(
                 application_name=self.application_name,
-                store=self.persist,
                 hold_ms=hold_ms,
-                metrics_handled=handled,
-                metrics_start_time=getattr(metrics, "wants_start_time", True),
+                meter=meter_for(used["metrics"], self.application_name),
                 **used,
             )
         return snapshot
@@ -469,8 +469,8 @@ class DedupConfig:
     def close(self) -> None:
         """Close the connections the store opened itself (never the user's client). The store
         reconnects if it is used again."""
-        if self.persist is not None:
-            self.persist.close()
+        if self.store is not None:
+            self.store.close()
 
     def __enter__(self) -> DedupConfig:
         return self
@@ -480,7 +480,7 @@ class DedupConfig:
 
     def __repr__(self) -> str:
         snap = self.snapshot()
-        store = self.persist.describe() if self.persist is not None else None
+        store = self.store.describe() if self.store is not None else None
         return (
             f"DedupConfig(application_name={self.application_name!r}, enabled={self.enabled}, "
             f"persist={store!r}, lease_ms={snap.lease_ms}, retention_ms={snap.retention_ms}, "

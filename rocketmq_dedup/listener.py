@@ -8,7 +8,7 @@ import logging
 import threading
 from typing import Any, Callable, Iterable, List, Optional, TypeVar
 
-from rocketmq_dedup._threads import keep_thread_state, thread_kept
+from rocketmq_dedup.adapters.classic import callback_thread, first_call_on_thread
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.hooks import Hooks
@@ -137,9 +137,13 @@ class BaseDedupListener(abc.ABC):
         nothing."""
 
     def __call__(self, msg: Any) -> ConsumeStatus:
-        """Consume one message; never raises into a client's callback (see :meth:`close`)."""
-        if not thread_kept.done:  # the thread's first call, or a native thread's per-call state
-            keep_thread_state()  # a native callback thread keeps its Python state (_threads)
+        """Consume one message; never raises into a client's callback (see :meth:`close`).
+
+        The classic client calls this from librocketmq's native threads: on a thread state's
+        first call, a thread Python did not start keeps its Python thread state from then on
+        (:mod:`rocketmq_dedup.adapters.classic`); threads Python started are left alone."""
+        if not callback_thread.seen:  # this thread state's first call
+            first_call_on_thread()
         try:
             return self._strategy.consume_one(msg)
         except BaseException as exc:

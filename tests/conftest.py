@@ -6,6 +6,7 @@ the servers."""
 
 from __future__ import annotations
 
+import ctypes
 import uuid
 from typing import Any, Iterator
 
@@ -16,6 +17,7 @@ from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, PostgresDedupStore
 from rocketmq_dedup.stores import make_store as make_store_for
 from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.stores.foreign import ForeignStore
+from tests.native import NativeBuildError, build_library
 from tests.support import (
     PG_DSN,
     REDIS_CLUSTER_URL,
@@ -145,6 +147,16 @@ def make_pg_store(kind: str, request: pytest.FixtureRequest, **options: Any) -> 
     assert isinstance(store, PostgresDedupStore)
     request.addfinalizer(store.close)
     return store
+
+
+@pytest.fixture(scope="session")
+def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """tests/native's callback_thread.c, built once per session in a temporary directory: it
+    calls Python from native pthreads, as librocketmq calls a listener."""
+    try:
+        return build_library(tmp_path_factory.mktemp("native"))
+    except NativeBuildError as exc:
+        pytest.fail(f"cannot build the native callback library: {exc}")
 
 
 @pytest.fixture

@@ -1,21 +1,24 @@
 """Test helpers: polling, server settings, a private PostgreSQL server, a duck-typed store,
-metric readers. Messages of both client shapes and a clock the test moves:
-rocketmq_dedup.testing (public)."""
+metric readers, a fresh Python process. Messages of both client shapes and a clock the test
+moves: rocketmq_dedup.testing (public)."""
 
 from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.stores.base import Claim
 
+REPO = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("DEDUP_REDIS_URL", "redis://127.0.0.1:16379/0")
 REDIS_CLUSTER_URL = os.environ.get("DEDUP_REDIS_CLUSTER_URL", "redis://127.0.0.1:17000/0")
 MYSQL = {
@@ -201,6 +204,26 @@ def _group_alive(pgid: int) -> bool:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             return True
     return False
+
+
+def fresh_python(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` (this interpreter) in a fresh process at the repository's root, its
+    output as text; the test fails with the process's stderr unless it exits 0."""
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def last_json_line(result: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON value a process printed last (its report)."""
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

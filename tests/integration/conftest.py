@@ -25,9 +25,9 @@ def fresh_thread_states(monkeypatch: pytest.MonkeyPatch) -> None:
     rocketmq_dedup._threads, tested in tests/unit/test_threads.py): every native callback runs
     on a fresh state, where a thread-local is lost at each message, the case the stores' own
     defences (a bounded MySQL pool, Redis wakers not kept per thread) must hold in."""
-    import rocketmq_dedup.listener
+    from rocketmq_dedup import _threads
 
-    monkeypatch.setattr(rocketmq_dedup.listener, "keep_thread_state", lambda: None)
+    monkeypatch.setattr(_threads, "keep_thread_state", lambda: None)
 
 
 @pytest.fixture(params=STORE_KINDS)

@@ -452,12 +452,15 @@ class RedisDedupStore(DedupStore):
                 request.error = exc
 
     def _recover(self, errors: List[redis.ResponseError]) -> bool:
-        """Fix what an error reply says is missing; False if it is not recoverable."""
-        text = " ".join(str(e) for e in errors)
-        if "NOSCRIPT" in text or any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
+        """Fix what an error reply says is missing; False if it is not recoverable. A lost
+        script is redis-py's ``NoScriptError``. A server without ``SET ... NX GET`` (Redis <
+        7.0) answers with the generic ``ERR syntax error``, which redis-py gives as a plain
+        ``ResponseError``: its text is all there is to tell it by, so it is matched here, and
+        only while the store sends ``SET NX GET``."""
+        if any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
             self._load_scripts()
             return True
-        if self._set_nx_get and "syntax" in text.lower():
+        if self._set_nx_get and any(_is_syntax_error(e) for e in errors):
             logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
             self._set_nx_get = False
             return True
@@ -497,6 +500,12 @@ def _check_pool_size(pool: Any) -> None:
             f"{MIN_POOL_SIZE} (plus what the application uses the client for at once), or "
             "RedisDedupStore(client, coalesce=False), which keeps none"
         )
+
+
+def _is_syntax_error(error: redis.ResponseError) -> bool:
+    """The server's ``ERR syntax error`` (redis-py strips the ``ERR``; a server's casing
+    varies)."""
+    return str(error).lower().startswith(("syntax error", "err syntax error"))
 
 
 def _version(text: str) -> Tuple[int, ...]:
