@@ -237,6 +237,7 @@ class TransactionalStrategy(DedupTemplate):
             if verdict is _Verdict.STALE:
                 logger.debug("%r: seq %d already applied or superseded; acking", *sequence)
         if verdict is _Verdict.RUN:
+            tx.before_handler()
             status = self._handle(delivery, tx, snap)
             if status is not SUCCESS:
                 return status
