@@ -91,10 +91,10 @@ class TransactionalDedupListener(BaseDedupListener):
         if not isinstance(dedup_config, DedupConfig) or transactions is None:
             got = "no config" if dedup_config is None else f"a config whose store is {store!r}"
             raise DedupConfigError(
-                f"{type(self).__name__} needs a DedupConfig with dedup enabled on the MySQL "
-                "store (a connection factory or a SQLAlchemy Engine of the business "
-                f"database), since the dedup record commits in the handler's transaction; got "
-                f"{got}"
+                f"{type(self).__name__} needs a DedupConfig with dedup enabled on the MySQL or "
+                "PostgreSQL store of the business database (a connection factory, a "
+                "psycopg_pool pool or a SQLAlchemy Engine), since the dedup record commits in "
+                f"the handler's transaction; got {got}"
             )
         if self._has_sequence_key() and not transactions.supports_sequences:
             assert store is not None

@@ -1,5 +1,5 @@
-"""Exactly-once under races, lapsed leases and a killed consumer (issue 11, requirements 3
-and 4, and the 16-thread race), on every driver."""
+"""Exactly-once under races, lapsed leases, a killed and a frozen consumer (issue 11,
+requirements 3 and 4, and the 16-thread race), on every driver of MySQL and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ from tests.integration.exactly_once.support import (
     make_config,
     redeliver_until_acked,
 )
-
-pytestmark = pytest.mark.mysql
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
