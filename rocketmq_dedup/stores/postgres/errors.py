@@ -12,8 +12,8 @@ exactly-once mode's transactions alike), without importing psycopg:
     (invalid_authorization_specification: no ``pg_hba.conf`` entry, an unknown role). libpq
     reports a failed connection without a sqlstate, so those are also told by the server's
     (English) message: ``password authentication failed``, ``no pg_hba.conf entry``,
-    ``role "..." does not exist``, ``permission denied for database``, and libpq's own
-    ``no password supplied``;
+    ``role "..." does not exist``, ``... is not permitted to log in``, ``permission denied for
+    database``, and libpq's own ``no password supplied``;
 
 * a **lock conflict** (:func:`~.connections.is_lock_conflict`: a deadlock, a serialization
   failure, a lock wait ended by ``lock_timeout`` or ``statement_timeout``);
@@ -43,6 +43,7 @@ REFUSALS = {
 #: A connection refused with no sqlstate (libpq's connection failure): the server's message.
 _LOGIN_MESSAGES = re.compile(
     r"password authentication failed|no pg_hba\.conf entry|role \"[^\"]*\" does not exist|"
+    r"is not permitted to log in|"
     r"(?:Peer|Ident|GSSAPI|SSPI|certificate|LDAP|RADIUS) authentication failed|"
     r"no password supplied|permission denied for database"
 )

@@ -184,14 +184,12 @@ SELECT a.attname, COALESCE(a.attnum = ANY(i.indkey), false)
 FROM pg_attribute a
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
 WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped"""
-# Whether the session's user may do what the store does on the table (each privilege: given a
-# list, has_table_privilege answers whether any of them is held). Parameter: the quoted name.
+# Whether the session's user may do what the store does on the table: one column per privilege
+# (rocketmq_dedup.stores.postgres.errors.PRIVILEGES), and the user. Parameter: the quoted name.
 PRIVILEGES_SQL = (
     "SELECT "
-    + " AND ".join(
-        f"has_table_privilege(t, '{p}')" for p in ("SELECT", "INSERT", "UPDATE", "DELETE")
-    )
-    + " FROM to_regclass(%s) AS t"
+    + ", ".join(f"has_table_privilege(t, '{p}')" for p in ("SELECT", "INSERT", "UPDATE", "DELETE"))
+    + ", current_user FROM to_regclass(%s) AS t"
 )
 # The in-process purger's session: its purge lock is a session-level advisory lock whose 64-bit
 # key is (PURGE_LOCK_CLASS << 32) + the table's oid (rocketmq_dedup.stores.postgres.purge).

@@ -42,7 +42,7 @@ from rocketmq_dedup.stores.postgres.connections import (
     prepare_connection,
     type_name,
 )
-from rocketmq_dedup.stores.postgres.errors import explain, refusal
+from rocketmq_dedup.stores.postgres.errors import PRIVILEGES, explain, refusal
 from rocketmq_dedup.stores.postgres.purge import PostgresPurgeSession, purge_step
 from rocketmq_dedup.stores.postgres.records import (
     claim_columns,
@@ -547,12 +547,14 @@ class PostgresDedupStore(DedupStore):
             table = Diagnosis("table", False, "dedup_key is not the primary key")
         else:
             table = Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
-        ((allowed,),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        ((*allowed, user),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        missing = [p for p, ok in zip(PRIVILEGES, allowed, strict=True) if not ok]
+        grant = f"GRANT {', '.join(PRIVILEGES)} ON {self.table_name} TO {user}"
         privileges = Diagnosis(
             "privileges",
-            bool(allowed),
-            "SELECT, INSERT, UPDATE, DELETE on the table"
-            + ("" if allowed else ": missing (GRANT them to the store's user)"),
+            not missing,
+            f"{', '.join(PRIVILEGES)} on the table"
+            + (f": {user} lacks {', '.join(missing)} ({grant})" if missing else ""),
         )
         return [table, privileges]
 
