@@ -28,6 +28,7 @@ from bench.settings import (
     LIBRARY_TABLE,
     NAIVE_KEY_PREFIX,
     NAIVE_TABLE,
+    NARROW_TABLE,
     POWERTOOLS_KEY_PREFIX,
     RESERVE_MINUTES,
     TAG,
@@ -42,6 +43,7 @@ from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
 from rocketmq_dedup.stores.mysql.sql import RECORD_INSERT_SQL
 from rocketmq_dedup.stores.postgres import schema_statements as postgres_schema
+from rocketmq_dedup.stores.postgres.sql import RECORD_COMMIT_SQL
 from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
 from rocketmq_dedup.testing import ClassicMessage
 
@@ -587,20 +589,24 @@ class PostgresCase(Case):
         self.admin = self.connect()
         self.admin.autocommit = True
 
-    def make_table(self, statements: Sequence[str], filler: str) -> None:
+    def make_table(
+        self, statements: Sequence[str], filler: str = "", table: Optional[str] = None
+    ) -> None:
         """Drop and create this case's table, once per run (a table left by an older run may
         have another schema; the cases sharing it set up in turn), with ``filler`` rows of
         another application in it and its statistics taken. A table the planner sees empty
         gets sequential scans in the generic plans of prepared statements (measured: the
         naive port's UPDATE by its four-column key scanned the table that each repetition
         grows, and ran at half speed); a table in use holds a day's records."""
-        if f"postgres:{self.table}" not in self.ctx.tables_made:
-            self.admin.execute(f"DROP TABLE IF EXISTS {self.table}")
+        table = self.table if table is None else table
+        if f"postgres:{table}" not in self.ctx.tables_made:
+            self.admin.execute(f"DROP TABLE IF EXISTS {table}")
             for statement in statements:
                 self.admin.execute(statement)
-            self.admin.execute(filler.format(table=self.table, rows=FILLER_ROWS))
-            self.admin.execute(f"ANALYZE {self.table}")
-            self.ctx.tables_made.add(f"postgres:{self.table}")
+            if filler:
+                self.admin.execute(filler.format(table=table, rows=FILLER_ROWS))
+            self.admin.execute(f"ANALYZE {table}")
+            self.ctx.tables_made.add(f"postgres:{table}")
 
     def cleanup(self) -> None:
         self.admin.execute(f"DELETE FROM {self.table} WHERE application_name = %s", (self.app,))
@@ -677,15 +683,15 @@ class BusinessTransaction:
     of an account row and an INSERT into the ledger (2: one of each), on a DB-API
     connection whose transaction is open. The caller commits."""
 
-    def __init__(self, app: str, statements: int) -> None:
+    def __init__(self, app: str, statements: int, quote: str = "`") -> None:
         self.app = app
         self.statements = statements
+        account, ledger = (f"{quote}{t}{quote}" for t in (TX_ACCOUNT_TABLE, TX_LEDGER_TABLE))
         self.update = (
-            f"UPDATE `{TX_ACCOUNT_TABLE}` SET balance = balance + %s "
-            "WHERE application_name = %s AND id = %s"
+            f"UPDATE {account} SET balance = balance + %s WHERE application_name = %s AND id = %s"
         )
         self.insert = (
-            f"INSERT INTO `{TX_LEDGER_TABLE}` (application_name, account, msg_id, amount) "
+            f"INSERT INTO {ledger} (application_name, account, msg_id, amount) "
             "VALUES (%s, %s, %s, %s)"
         )
         self.sequence = 0
@@ -794,6 +800,51 @@ class MySQLTxRecord(MySQLTxPlain):
         self.sql(f"DELETE FROM `{LIBRARY_TABLE}` WHERE application_name = %s", (self.app,))
 
 
+MYSQL_NARROW_SCHEMA = f"""CREATE TABLE `{NARROW_TABLE}` (
+  dedup_key   BINARY(32)      NOT NULL PRIMARY KEY,
+  status      VARCHAR(16)     NOT NULL,
+  owner_token VARCHAR(64)     NOT NULL,
+  expire_time BIGINT          NOT NULL,
+  deliveries  BIGINT UNSIGNED NOT NULL DEFAULT 1
+) ENGINE=InnoDB"""
+MYSQL_NARROW_RECORD = (
+    f"INSERT INTO `{NARROW_TABLE}` (dedup_key, status, owner_token, expire_time) "
+    "VALUES (%s, 'CONSUMED', %s, CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + %s); COMMIT"
+)
+
+
+class MySQLTxRecordNarrow(MySQLTxPlain):
+    """``mysql_tx_record`` with the narrowest record (:data:`NARROW_TABLE`: the key, status,
+    owner and expiry; information: ``mysql_tx_record_narrow/mysql_tx_record``)."""
+
+    name = "mysql_tx_record_narrow"
+    in_quick = False
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(MYSQL_NARROW_SCHEMA, NARROW_TABLE)
+
+    def consume(self, item: Any) -> Any:
+        cur = self.conn.cursor()
+        try:
+            self.handler(item)
+            self.business(self.conn, item)
+            digest = element_digest(DedupElement(self.app, item.topic, TAG, item.id))
+            cur.execute(MYSQL_NARROW_RECORD, (digest, "owner.1@1", RESERVE_MINUTES * 60_000))
+            while cur.nextset():
+                pass
+        except BaseException:
+            self.conn.rollback()
+            raise
+        finally:
+            cur.close()
+        return OK
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.sql(f"DELETE FROM `{NARROW_TABLE}` WHERE owner_token = 'owner.1@1'")
+
+
 class BenchTxListener(TransactionalDedupListener):
     """The exactly-once listener, as a user writes it: the business transaction on ``conn``."""
 
@@ -852,6 +903,193 @@ class MySQLTx12Dedup(MySQLTxDedup):
     in_quick = False
 
 
+# -- PostgreSQL, exactly-once: the same business transaction with and without the record ----
+
+PG_TX_ACCOUNT_SCHEMA = f"""CREATE TABLE {TX_ACCOUNT_TABLE} (
+  application_name varchar(191) NOT NULL,
+  id               int          NOT NULL,
+  balance          bigint       NOT NULL DEFAULT 0,
+  PRIMARY KEY (application_name, id)
+)"""
+
+PG_TX_LEDGER_SCHEMA = (
+    f"""CREATE TABLE {TX_LEDGER_TABLE} (
+  id               bigserial    PRIMARY KEY,
+  application_name varchar(191) NOT NULL,
+  account          int          NOT NULL,
+  msg_id           varchar(128) NOT NULL,
+  amount           int          NOT NULL
+)""",
+    f"CREATE INDEX ON {TX_LEDGER_TABLE} (application_name)",
+)
+
+
+class PostgresTxCase(PostgresCase):
+    """A business transaction per message (:class:`BusinessTransaction`) on the bench's
+    PostgreSQL; ``cleanup`` deletes this case's ledger rows (and dedup records).
+    Single-threaded, fresh messages."""
+
+    table = TX_LEDGER_TABLE
+    statements: ClassVar[int] = 2
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(PG_TX_LEDGER_SCHEMA)
+        self.make_table([PG_TX_ACCOUNT_SCHEMA], table=TX_ACCOUNT_TABLE)
+        self.make_table(postgres_schema(LIBRARY_TABLE), LIBRARY_FILLER, LIBRARY_TABLE)
+        self.admin.execute(
+            f"DELETE FROM {TX_ACCOUNT_TABLE} WHERE application_name = %s", (self.app,)
+        )
+        self.admin.execute(
+            f"INSERT INTO {TX_ACCOUNT_TABLE} (application_name, id) "
+            "SELECT %s, i FROM generate_series(0, %s) AS i",
+            (self.app, TX_ACCOUNTS - 1),
+        )
+        self.business = BusinessTransaction(self.app, self.statements, quote='"')
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.admin.execute(f"DELETE FROM {LIBRARY_TABLE} WHERE application_name = %s", (self.app,))
+
+    def close(self) -> None:
+        self.admin.execute(
+            f"DELETE FROM {TX_ACCOUNT_TABLE} WHERE application_name = %s", (self.app,)
+        )
+        super().close()
+
+
+class PostgresTxPlain(PostgresTxCase):
+    """The business transaction without dedup, as psycopg runs one: a connection in its
+    default mode (psycopg sends BEGIN before the first statement), the writes, COMMIT."""
+
+    name = "pg_tx_plain"
+
+    def setup(self) -> None:
+        super().setup()
+        self.conn = self.connect()
+
+    def consume(self, item: Any) -> Any:
+        try:
+            self.handler(item)
+            self.business(self.conn, item)
+            self.conn.commit()
+        except BaseException:
+            self.conn.rollback()
+            raise
+        return OK
+
+    def close(self) -> None:
+        super().close()
+        self.conn.close()
+
+
+class PostgresTxRecord(PostgresTxPlain):
+    """The design's floor on PostgreSQL: ``pg_tx_plain`` plus the dedup record, written by hand
+    with the library's own statement (the same row in the library's table), sent with the
+    COMMIT in one round trip (psycopg's pipeline, COMMIT as a statement of it: its
+    ``conn.commit()`` would sync once more), none of the library's Python. Round trips per
+    message, counted on the wire: 4, as many as ``pg_tx_plain`` (BEGIN, the two statements,
+    COMMIT)."""
+
+    name = "pg_tx_record"
+
+    def setup(self) -> None:
+        super().setup()
+        self.record = RECORD_COMMIT_SQL.format(table=LIBRARY_TABLE)
+
+    def consume(self, item: Any) -> Any:
+        conn = self.conn
+        try:
+            self.handler(item)
+            self.business(conn, item)
+            element = DedupElement(self.app, item.topic, TAG, item.id)
+            row = (element_digest(element), self.app, item.topic, TAG, item.id)
+            with conn.pipeline():  # one round trip: conn.commit() here would cost a second
+                conn.execute(self.record, (*row, "owner.1@1", RESERVE_MINUTES * 60_000))
+                conn.execute("COMMIT")
+        except BaseException:
+            conn.rollback()
+            raise
+        return OK
+
+
+# A narrower record (issue 34.5's question): the key, status, owner and expiry only, none of
+# the readable columns (the narrowest any record could be), in a table of its own with the
+# same day of another application's rows.
+PG_NARROW_SCHEMA = f"""CREATE TABLE {NARROW_TABLE} (
+  dedup_key bytea NOT NULL PRIMARY KEY, status varchar(16) NOT NULL,
+  owner_token varchar(64) NOT NULL, expire_time timestamptz NOT NULL,
+  deliveries bigint NOT NULL DEFAULT 1
+)"""
+PG_NARROW_FILLER = """\
+INSERT INTO {table} (dedup_key, status, owner_token, expire_time)
+SELECT sha256(i::text::bytea), 'CONSUMED', 'filler', now() + interval '1 day'
+FROM generate_series(1, {rows}) AS i"""
+PG_NARROW_RECORD = f"""\
+WITH written AS (
+  INSERT INTO {NARROW_TABLE} AS r (dedup_key, status, owner_token, expire_time)
+  VALUES (%s, 'CONSUMED', %s, statement_timestamp() + %s::bigint * interval '1 millisecond')
+  ON CONFLICT (dedup_key) DO UPDATE SET
+    status = 'CONSUMED', owner_token = EXCLUDED.owner_token, expire_time = EXCLUDED.expire_time
+  WHERE r.expire_time <= statement_timestamp()
+  RETURNING 1
+)
+SELECT 1 / count(*) FROM written"""
+
+
+class PostgresTxRecordNarrow(PostgresTxPlain):
+    """``pg_tx_record`` with the narrowest record (:data:`NARROW_TABLE`): whether the readable
+    columns cost the floor anything (information: ``pg_tx_record_narrow/pg_tx_record``)."""
+
+    name = "pg_tx_record_narrow"
+    in_quick = False
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table([PG_NARROW_SCHEMA], PG_NARROW_FILLER, NARROW_TABLE)
+
+    def consume(self, item: Any) -> Any:
+        conn = self.conn
+        try:
+            self.handler(item)
+            self.business(conn, item)
+            digest = element_digest(DedupElement(self.app, item.topic, TAG, item.id))
+            with conn.pipeline():
+                conn.execute(PG_NARROW_RECORD, (digest, "owner.1@1", RESERVE_MINUTES * 60_000))
+                conn.execute("COMMIT")
+        except BaseException:
+            conn.rollback()
+            raise
+        return OK
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.admin.execute(f"DELETE FROM {NARROW_TABLE} WHERE owner_token = 'owner.1@1'")
+
+
+class PostgresTxDedup(PostgresTxCase):
+    """The same business transaction through :class:`TransactionalDedupListener` on a
+    psycopg factory: the writes through ``conn``, the dedup record sent with the COMMIT."""
+
+    name = "pg_tx_dedup"
+
+    def setup(self) -> None:
+        super().setup()
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
+        )
+        self.listener = BenchTxListener(config, self.handler, self.business)
+
+    def consume(self, item: Any) -> Any:
+        return self.listener(item)
+
+    def close(self) -> None:
+        super().close()
+        assert self.listener.dedup_config is not None
+        assert self.listener.dedup_config.persist is not None
+        self.listener.dedup_config.persist.close()
+
+
 IN_PROCESS_CASES: tuple[type[Case], ...] = (
     Noop,
     MemoryFresh,
@@ -878,4 +1116,9 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     MySQLTxRecord,
     MySQLTx12Plain,
     MySQLTx12Dedup,
+    MySQLTxRecordNarrow,
+    PostgresTxPlain,
+    PostgresTxRecord,
+    PostgresTxDedup,
+    PostgresTxRecordNarrow,
 )
