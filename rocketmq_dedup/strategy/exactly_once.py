@@ -1,7 +1,8 @@
 """The exactly-once decisions of :class:`~rocketmq_dedup.TransactionalDedupListener`: the
 handler's writes and the dedup record commit in one transaction. The I/O is the store's
 transaction port (:mod:`rocketmq_dedup.stores.transaction`; MySQL's is
-:class:`~rocketmq_dedup.stores.mysql.transaction.MySQLTransactions`), so the decisions are
+:class:`~rocketmq_dedup.stores.mysql.transaction.MySQLTransactions`, PostgreSQL's
+:class:`~rocketmq_dedup.stores.postgres.transaction.PostgresTransactions`), so the decisions are
 tested without a server.
 
 Per message, with ``exactly_once_claim="at_commit"`` (the default)::
