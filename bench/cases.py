@@ -507,6 +507,8 @@ class SQLListenerCase(Case):
     connect: Callable[[], Any]
     table: ClassVar[str]
 
+    listener: DedupConcurrentListener
+
     def start_listener(self) -> None:
         config = DedupConfig.enable_dedup_consume_config(
             self.app, self.connect, table_name=self.table, **listener_options()
@@ -738,7 +740,64 @@ class MySQLTxCase(MySQLCase):
         super().close()
 
 
-class MySQLTxPlain(MySQLTxCase):
+class BareTransaction(Case):
+    """Mixed into a transaction case: the business transaction on ``self.conn`` (opened by the
+    case, its transaction begun by its first statement), ended by :meth:`end` (COMMIT; the
+    floor cases send the dedup record with it), rolled back on an error."""
+
+    conn: Any
+    business: BusinessTransaction
+
+    def consume(self, item: Any) -> Any:
+        try:
+            self.handler(item)
+            self.business(self.conn, item)
+            self.end(item)
+        except BaseException:
+            self.conn.rollback()
+            raise
+        return OK
+
+    def end(self, item: Any) -> None:
+        self.conn.commit()
+
+    def record_row(self, item: Any) -> tuple[Any, ...]:
+        """The dedup record of ``item`` as the library writes it: key, readable columns,
+        owner, retention (ms)."""
+        digest = element_digest(DedupElement(self.app, item.topic, TAG, item.id))
+        return (digest, self.app, item.topic, TAG, item.id, "owner.1@1", RESERVE_MINUTES * 60_000)
+
+    def close(self) -> None:
+        super().close()
+        self.conn.close()
+
+
+class ListenerTransaction(SQLListenerCase):
+    """Mixed into a transaction case: the same business transaction through
+    :class:`TransactionalDedupListener` on the case's connection factory, the writes through
+    ``conn``, the dedup record sent with the COMMIT (the library's table)."""
+
+    business: BusinessTransaction
+
+    def start_tx_listener(self) -> None:
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
+        )
+        self.listener = BenchTxListener(config, self.handler, self.business)
+
+
+def run_with_commit(conn: Any, statement: str, params: Sequence[Any]) -> None:
+    """MySQL: ``statement; COMMIT`` in one text (one round trip), every result read."""
+    cur = conn.cursor()
+    try:
+        cur.execute(statement, params)
+        while cur.nextset():
+            pass
+    finally:
+        cur.close()
+
+
+class MySQLTxPlain(BareTransaction, MySQLTxCase):
     """The business transaction without dedup: the case opens it on its own connection
     (autocommit off, as the library's transaction connections), writes, COMMITs."""
 
@@ -748,20 +807,6 @@ class MySQLTxPlain(MySQLTxCase):
         super().setup()
         self.conn = self.connect()
         self.conn.autocommit(False)
-
-    def consume(self, item: Any) -> Any:
-        try:
-            self.handler(item)
-            self.business(self.conn, item)
-            self.conn.commit()
-        except BaseException:
-            self.conn.rollback()
-            raise
-        return OK
-
-    def close(self) -> None:
-        super().close()
-        self.conn.close()
 
 
 class MySQLTxRecord(MySQLTxPlain):
@@ -778,22 +823,8 @@ class MySQLTxRecord(MySQLTxPlain):
         self.make_table(schema_sql(LIBRARY_TABLE), LIBRARY_TABLE)
         self.record = RECORD_INSERT_SQL.format(table=f"`{LIBRARY_TABLE}`") + "; COMMIT"
 
-    def consume(self, item: Any) -> Any:
-        cur = self.conn.cursor()
-        try:
-            self.handler(item)
-            self.business(self.conn, item)
-            element = DedupElement(self.app, item.topic, TAG, item.id)
-            row = (element_digest(element), self.app, item.topic, TAG, item.id)
-            cur.execute(self.record, (*row, "owner.1@1", RESERVE_MINUTES * 60_000))
-            while cur.nextset():
-                pass
-        except BaseException:
-            self.conn.rollback()
-            raise
-        finally:
-            cur.close()
-        return OK
+    def end(self, item: Any) -> None:
+        run_with_commit(self.conn, self.record, self.record_row(item))
 
     def cleanup(self) -> None:
         super().cleanup()
@@ -824,21 +855,9 @@ class MySQLTxRecordNarrow(MySQLTxPlain):
         super().setup()
         self.make_table(MYSQL_NARROW_SCHEMA, NARROW_TABLE)
 
-    def consume(self, item: Any) -> Any:
-        cur = self.conn.cursor()
-        try:
-            self.handler(item)
-            self.business(self.conn, item)
-            digest = element_digest(DedupElement(self.app, item.topic, TAG, item.id))
-            cur.execute(MYSQL_NARROW_RECORD, (digest, "owner.1@1", RESERVE_MINUTES * 60_000))
-            while cur.nextset():
-                pass
-        except BaseException:
-            self.conn.rollback()
-            raise
-        finally:
-            cur.close()
-        return OK
+    def end(self, item: Any) -> None:
+        key, *_, owner, retention = self.record_row(item)
+        run_with_commit(self.conn, MYSQL_NARROW_RECORD, (key, owner, retention))
 
     def cleanup(self) -> None:
         super().cleanup()
@@ -859,32 +878,20 @@ class BenchTxListener(TransactionalDedupListener):
         return True
 
 
-class MySQLTxDedup(MySQLTxCase):
-    """The same business transaction through :class:`TransactionalDedupListener`: the writes
-    through ``conn``, then the dedup record sent with the COMMIT (the library's table)."""
+class MySQLTxDedup(ListenerTransaction, MySQLTxCase):
+    """The same business transaction through :class:`TransactionalDedupListener` (a
+    mysqlclient factory)."""
 
     name = "mysql_tx_dedup"
 
     def setup(self) -> None:
         super().setup()
         self.make_table(schema_sql(LIBRARY_TABLE), LIBRARY_TABLE)
-        config = DedupConfig.enable_dedup_consume_config(
-            self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
-        )
-        self.listener = BenchTxListener(config, self.handler, self.business)
-
-    def consume(self, item: Any) -> Any:
-        return self.listener(item)
+        self.start_tx_listener()
 
     def cleanup(self) -> None:
         super().cleanup()
         self.sql(f"DELETE FROM `{LIBRARY_TABLE}` WHERE application_name = %s", (self.app,))
-
-    def close(self) -> None:
-        super().close()
-        assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
 
 
 class MySQLTx12Plain(MySQLTxPlain):
@@ -958,7 +965,15 @@ class PostgresTxCase(PostgresCase):
         super().close()
 
 
-class PostgresTxPlain(PostgresTxCase):
+def pipeline_with_commit(conn: Any, statement: str, params: Sequence[Any]) -> None:
+    """PostgreSQL: ``statement`` and ``COMMIT`` in one round trip (psycopg's pipeline, COMMIT
+    as a statement of it: ``conn.commit()`` there would sync once more)."""
+    with conn.pipeline():
+        conn.execute(statement, params)
+        conn.execute("COMMIT")
+
+
+class PostgresTxPlain(BareTransaction, PostgresTxCase):
     """The business transaction without dedup, as psycopg runs one: a connection in its
     default mode (psycopg sends BEGIN before the first statement), the writes, COMMIT."""
 
@@ -968,28 +983,13 @@ class PostgresTxPlain(PostgresTxCase):
         super().setup()
         self.conn = self.connect()
 
-    def consume(self, item: Any) -> Any:
-        try:
-            self.handler(item)
-            self.business(self.conn, item)
-            self.conn.commit()
-        except BaseException:
-            self.conn.rollback()
-            raise
-        return OK
-
-    def close(self) -> None:
-        super().close()
-        self.conn.close()
-
 
 class PostgresTxRecord(PostgresTxPlain):
     """The design's floor on PostgreSQL: ``pg_tx_plain`` plus the dedup record, written by hand
     with the library's own statement (the same row in the library's table), sent with the
-    COMMIT in one round trip (psycopg's pipeline, COMMIT as a statement of it: its
-    ``conn.commit()`` would sync once more), none of the library's Python. Round trips per
-    message, counted on the wire: 4, as many as ``pg_tx_plain`` (BEGIN, the two statements,
-    COMMIT)."""
+    COMMIT in one round trip (:func:`pipeline_with_commit`), none of the library's Python.
+    Round trips per message, counted on the wire: 4, as many as ``pg_tx_plain`` (BEGIN, the
+    two statements, COMMIT)."""
 
     name = "pg_tx_record"
 
@@ -997,20 +997,8 @@ class PostgresTxRecord(PostgresTxPlain):
         super().setup()
         self.record = RECORD_COMMIT_SQL.format(table=LIBRARY_TABLE)
 
-    def consume(self, item: Any) -> Any:
-        conn = self.conn
-        try:
-            self.handler(item)
-            self.business(conn, item)
-            element = DedupElement(self.app, item.topic, TAG, item.id)
-            row = (element_digest(element), self.app, item.topic, TAG, item.id)
-            with conn.pipeline():  # one round trip: conn.commit() here would cost a second
-                conn.execute(self.record, (*row, "owner.1@1", RESERVE_MINUTES * 60_000))
-                conn.execute("COMMIT")
-        except BaseException:
-            conn.rollback()
-            raise
-        return OK
+    def end(self, item: Any) -> None:
+        pipeline_with_commit(self.conn, self.record, self.record_row(item))
 
 
 # A narrower record (issue 34.5's question): the key, status, owner and expiry only, none of
@@ -1048,46 +1036,24 @@ class PostgresTxRecordNarrow(PostgresTxPlain):
         super().setup()
         self.make_table([PG_NARROW_SCHEMA], PG_NARROW_FILLER, NARROW_TABLE)
 
-    def consume(self, item: Any) -> Any:
-        conn = self.conn
-        try:
-            self.handler(item)
-            self.business(conn, item)
-            digest = element_digest(DedupElement(self.app, item.topic, TAG, item.id))
-            with conn.pipeline():
-                conn.execute(PG_NARROW_RECORD, (digest, "owner.1@1", RESERVE_MINUTES * 60_000))
-                conn.execute("COMMIT")
-        except BaseException:
-            conn.rollback()
-            raise
-        return OK
+    def end(self, item: Any) -> None:
+        key, *_, owner, retention = self.record_row(item)
+        pipeline_with_commit(self.conn, PG_NARROW_RECORD, (key, owner, retention))
 
     def cleanup(self) -> None:
         super().cleanup()
         self.admin.execute(f"DELETE FROM {NARROW_TABLE} WHERE owner_token = 'owner.1@1'")
 
 
-class PostgresTxDedup(PostgresTxCase):
-    """The same business transaction through :class:`TransactionalDedupListener` on a
-    psycopg factory: the writes through ``conn``, the dedup record sent with the COMMIT."""
+class PostgresTxDedup(ListenerTransaction, PostgresTxCase):
+    """The same business transaction through :class:`TransactionalDedupListener` (a psycopg
+    factory, as the README shows it)."""
 
     name = "pg_tx_dedup"
 
     def setup(self) -> None:
         super().setup()
-        config = DedupConfig.enable_dedup_consume_config(
-            self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
-        )
-        self.listener = BenchTxListener(config, self.handler, self.business)
-
-    def consume(self, item: Any) -> Any:
-        return self.listener(item)
-
-    def close(self) -> None:
-        super().close()
-        assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        self.start_tx_listener()
 
 
 IN_PROCESS_CASES: tuple[type[Case], ...] = (

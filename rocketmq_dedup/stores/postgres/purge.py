@@ -12,8 +12,7 @@ advisory lock ``pg_try_advisory_lock`` on a 64-bit key made of a constant and th
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Callable, Optional
+from typing import Callable, List, Optional
 
 from rocketmq_dedup.stores.postgres.connections import Runner, is_lock_conflict
 from rocketmq_dedup.stores.postgres.sql import (
@@ -25,9 +24,7 @@ from rocketmq_dedup.stores.postgres.sql import (
     TABLE_OID_SQL,
     quote_table,
 )
-from rocketmq_dedup.stores.purge import PurgeBatch, PurgeSession
-
-logger = logging.getLogger(__name__)
+from rocketmq_dedup.stores.purge import PurgeBatch, PurgeSession, purge_batch
 
 #: The purge lock's high 32 bits ("RQDP"); its low 32 bits are the table's oid.
 PURGE_LOCK_CLASS = 0x52514450
@@ -41,19 +38,11 @@ def purge_step(
     count them). A DELETE that meets a consumer's lock (a deadlock, a lock wait ended by
     ``lock_timeout``) deletes nothing."""
     rows = runner.rows(PURGE_SCAN_SQL.format(table=table), (after, batch_size))
-    expired = [bytes(key) for key, overdue in rows if overdue >= 0]
-    oldest = max((int(overdue) for _, overdue in rows), default=0)
-    count = len(expired)
-    if expired and not dry_run:
-        try:
-            count = runner.count(PURGE_SQL.format(table=table), (expired,))
-        except Exception as exc:
-            if not is_lock_conflict(exc):
-                raise
-            logger.debug("purge of %s gave way to a consumer's lock: %s", table, exc)
-            count = 0
-    last = bytes(rows[-1][0]) if rows else after
-    return PurgeBatch(count, len(rows), last, max(0, oldest))
+
+    def delete(keys: List[bytes]) -> int:
+        return runner.count(PURGE_SQL.format(table=table), (keys,))
+
+    return purge_batch(rows, delete, is_lock_conflict, after, dry_run)
 
 
 class PostgresPurgeSession(PurgeSession):
@@ -86,15 +75,9 @@ class PostgresPurgeSession(PurgeSession):
             self.close()
             raise
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise self._wrap(exc) from exc
-
     def _open_runner(self) -> Runner:
         if self._runner is None:
-            raise self._wrap(RuntimeError("the purge session is closed"))
+            raise self._closed()
         return self._runner
 
     def try_lock(self) -> bool:

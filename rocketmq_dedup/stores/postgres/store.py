@@ -82,6 +82,7 @@ from rocketmq_dedup.stores.postgres.transaction import PostgresTransactions
 from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
+    SqlTables,
     deletable,
     detached_connections,
     is_sqlalchemy_engine,
@@ -152,7 +153,7 @@ def describe_source(source: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-class PostgresDedupStore(DedupStore):
+class PostgresDedupStore(SqlTables, DedupStore):
     """Dedup records in a PostgreSQL table (the ``[postgres]`` extra: psycopg 3).
 
     :param source: where connections come from: a zero-argument callable returning a new
@@ -170,6 +171,7 @@ class PostgresDedupStore(DedupStore):
 
     #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
     proves_writes = True
+    longest_name = "63 bytes"
 
     def __init__(
         self,
@@ -189,8 +191,6 @@ class PostgresDedupStore(DedupStore):
         #: The user a refusal's GRANT names: the configured one, then what the server reported
         #: to the last check.
         self._user: Optional[str] = configured_user(source)
-        #: The application whose write check waits for the table (:meth:`create_table`).
-        self._unproven: Optional[str] = None
         if is_psycopg_pool(source):
             if pool_size is not None or pool_timeout is not None:
                 raise DedupConfigError(
@@ -347,16 +347,7 @@ class PostgresDedupStore(DedupStore):
         the writes here."""
         for statement in schema_statements(self.table_name):
             self._call(self._run, Runner.count, statement, ())
-        if self.sequence_table_name is None:
-            logger.warning(
-                "%s: no sequence table (%s_seq would be longer than 63 bytes); the "
-                "exactly-once mode's sequence guard is unavailable",
-                self._description,
-                self.table_name,
-            )
-        application, self._unproven = self._unproven, None
-        if application is not None:  # the start-up check ran before the table existed
-            self.prove_writes(application)
+        self.tables_created()
 
     def purge_expired(
         self,
@@ -405,21 +396,8 @@ class PostgresDedupStore(DedupStore):
         ((user,),) = self._run(Runner.rows, USER_SQL, ())
         self._user = str(user)
 
-    def do_prove_writes(self, claims: List[Claim]) -> None:
-        """The probe (INSERT, UPDATE, SELECT and DELETE on the table), or, when the table does
-        not exist yet (the quick start creates it after the config), the same in
-        :meth:`create_table` once it has made it."""
-        try:
-            super().do_prove_writes(claims)
-        except Exception as exc:
-            if not is_undefined_table(exc):
-                raise
-            self._unproven = claims[0].element.application
-            logger.info(
-                "%s: the table does not exist yet; create_table() checks the writes once it "
-                "has made it",
-                self._description,
-            )
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return is_undefined_table(exc)
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         return self._run(self._claim, claim, lease_ms)
