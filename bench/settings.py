@@ -25,8 +25,6 @@ NAIVE_TABLE = "t_rocketmq_dedup_bench_naive"
 #: appended to by one business transaction per message.
 TX_ACCOUNT_TABLE = "t_rocketmq_dedup_bench_account"
 TX_LEDGER_TABLE = "t_rocketmq_dedup_bench_ledger"
-#: The narrowest dedup record (key, status, owner, expiry; the *_tx_record_narrow cases).
-NARROW_TABLE = "t_rocketmq_dedup_bench_narrow"
 
 TOPIC = "DEDUP-BENCH"
 TAG = "TagBench"
