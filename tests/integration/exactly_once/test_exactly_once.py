@@ -692,3 +692,50 @@ def one_connection_client(driver: str) -> Any:
     if driver == "psycopg_pool":
         return make_client(driver, min_size=1, max_size=1)
     return make_client(driver, pool_size=1, max_overflow=0)
+
+
+def savepoint(conn: Any) -> Any:
+    """A savepoint of the handler's transaction: psycopg's ``conn.transaction()``, or
+    SQLAlchemy's ``conn.begin_nested()``."""
+    return conn.begin_nested() if hasattr(conn, "begin_nested") else conn.transaction()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg_pool", "sqlalchemy+psycopg"])
+@pytest.mark.parametrize("in_savepoint", [True, False], ids=["savepoint", "bare"])
+def test_a_failed_statement_of_the_handler_on_postgres(
+    driver: str,
+    in_savepoint: bool,
+    config: DedupConfig,
+    effects: EffectTable,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PostgreSQL aborts a transaction at a failed statement. Inside a savepoint
+    (``conn.transaction()``; SQLAlchemy's ``begin_nested()``) the handler goes on after it,
+    returns True, and its writes commit with the record. Outside one, catching the error and
+    returning True commits nothing: rolled back, logged as what it is, RECONSUME_LATER; the
+    connection serves the next message."""
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        if msg.body == b"fail":
+            try:
+                if in_savepoint:
+                    with savepoint(conn):
+                        execute(conn, "SELECT 1 / 0")
+                else:
+                    execute(conn, "SELECT 1 / 0")
+            except Exception:
+                pass
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        answer = listener(ClassicMessage("m1", body=b"fail"))
+    if in_savepoint:
+        assert answer is SUCCESS and effects.count("m1") == 1
+        assert status_of(config, "m1") is DedupStatus.CONSUMED
+    else:
+        assert answer is LATER and effects.count("m1") == 0
+        assert status_of(config, "m1") is None
+        assert any("left its transaction aborted" in r.getMessage() for r in caplog.records)
+        assert listener(ClassicMessage("m2")) is SUCCESS  # the same pool serves on
+        assert effects.count("m2") == 1
