@@ -240,7 +240,8 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
 
 class DuckStore:
     """A user's own store, duck-typed (``claim``, ``mark_consumed``, ``release``, ``renew``,
-    ``get_status``, ``mark_failed``, ``read``), as ``DedupConfig`` accepts it through the adapter; records in memory."""
+    ``get_status``, ``mark_failed``, ``read``), as ``DedupConfig`` accepts it through the
+    adapter; records in memory."""
 
     def __init__(self) -> None:
         from rocketmq_dedup import MemoryDedupStore

@@ -74,8 +74,8 @@ REQUIRED_COLUMNS = (*(c.strip() for c in COLUMNS.split(",")), "deliveries")
 # in which the refusing row cannot be seen. The price: a duplicate writes a new version of its
 # row (a heap-only update, every value as it was). Measured against the alternative, a
 # statement that leaves a live row unwritten (DO UPDATE ... WHERE expired, and the refusing
-# row read in the same statement through a CTE): a fresh message's claim 147 against 186 us, a duplicate's 156
-# against 162 us (AMD EPYC, libpq-level loop, median of 15 interleaved runs).
+# row read in the same statement through a CTE): a fresh message's claim 147 against 186 us,
+# a duplicate's 156 against 162 us (AMD EPYC, libpq-level loop, median of 15 interleaved runs).
 #
 # Batches: the rows come from ``unnest`` of one array per column (keys unique within a batch:
 # ON CONFLICT cannot touch one row twice in a statement), in key order (concurrent batches lock
