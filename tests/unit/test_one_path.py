@@ -13,12 +13,12 @@ import pytest
 
 from rocketmq_dedup import (
     ConsumeStatus,
-    PermanentFailure,
     DedupConcurrentListener,
     DedupConfig,
     DedupElement,
     DedupStatus,
     MemoryDedupStore,
+    PermanentFailure,
 )
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.owner import fingerprint_of, with_fingerprint
