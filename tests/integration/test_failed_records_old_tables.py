@@ -1,0 +1,51 @@
+"""FAILED records on a table made before them (no failure_reason column: CREATE TABLE IF NOT
+EXISTS adds no column to an existing table): claims, marks and reads work as before; a FAILED
+record is written without its reason, with a warning naming the ALTER TABLE that adds it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import pytest
+
+from rocketmq_dedup import DedupStatus, MySQLDedupStore, PostgresDedupStore
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.stores.base import CLAIMED, Claim, DedupStore
+from tests.support import mysql_connect, pg_connect, pg_query, sql
+
+
+def old_table(kind: str, request: pytest.FixtureRequest) -> DedupStore:
+    """A store on a copy of the session's table without failure_reason."""
+    base = request.getfixturevalue("mysql_table" if kind == "mysql" else "pg_table")
+    table = f"{base}_old"
+    run_sql: Callable[..., Any] = sql if kind == "mysql" else pg_query
+    like = f"LIKE {base}" if kind == "mysql" else f"(LIKE {base} INCLUDING ALL)"
+    run_sql(f"DROP TABLE IF EXISTS {table}")
+    run_sql(f"CREATE TABLE {table} {like}")
+    run_sql(f"ALTER TABLE {table} DROP COLUMN failure_reason")
+    request.addfinalizer(lambda: run_sql(f"DROP TABLE IF EXISTS {table}"))
+    if kind == "mysql":
+        return MySQLDedupStore(mysql_connect(), table)
+    return PostgresDedupStore(pg_connect(), table)
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_a_table_without_the_reason_column_keeps_working_and_says_how_to_add_it(
+    kind: str, app_name: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Claims and marks as before; a FAILED record written and read without its reason; the
+    warning names the ALTER TABLE; the start-up check's risks name it too."""
+    store = old_table(kind, request)
+    done, failed = DedupElement(app_name, "T", "", "done"), DedupElement(app_name, "T", "", "f")
+    assert store.claim(Claim(done, "o1"), 60_000) == CLAIMED
+    store.mark_consumed(Claim(done, "o1"), 60_000)
+    assert store.claim(Claim(failed, "o1"), 60_000) == CLAIMED
+    with caplog.at_level(logging.WARNING):
+        store.mark_failed(Claim(failed, "o1"), 60_000, "never")
+        record = store.read(failed)
+    assert record is not None and (record.status, record.reason) == (DedupStatus.FAILED, None)
+    assert not store.claim(Claim(failed, "o2"), 60_000).claimed
+    assert "ADD COLUMN failure_reason" in caplog.text
+    assert any("ADD COLUMN failure_reason" in risk for risk in store.risks())
+    store.close()
