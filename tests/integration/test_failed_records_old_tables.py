@@ -49,3 +49,21 @@ def test_a_table_without_the_reason_column_keeps_working_and_says_how_to_add_it(
     assert "ADD COLUMN failure_reason" in caplog.text
     assert any("ADD COLUMN failure_reason" in risk for risk in store.risks())
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_create_table_adds_the_reason_column_to_a_table_made_before(
+    kind: str, app_name: str, request: pytest.FixtureRequest
+) -> None:
+    """create_table() on a table made by an earlier version adds failure_reason (before, its
+    CREATE TABLE IF NOT EXISTS added nothing, and PostgreSQL's column comments failed); a
+    FAILED record then keeps its reason, and the check has nothing left to say."""
+    store = old_table(kind, request)
+    store.create_table()  # type: ignore[attr-defined]
+    assert store.risks() == []
+    e = DedupElement(app_name, "T", "", "f")
+    store.claim(Claim(e, "o1"), 60_000)
+    store.mark_failed(Claim(e, "o1"), 60_000, "never")
+    record = store.read(e)
+    assert record is not None and record.reason == "never"
+    store.close()

@@ -295,6 +295,7 @@ class MySQLDedupStore(DedupStore):
         ``sequence_key`` is used."""
         for statement in schema_statements(self.table_name):
             self._call(self._op, self._run, statement, ())
+        self._add_reason_column()
         if self.sequence_table_name is None:
             logger.warning(
                 "%s: no sequence table (%s_seq would be longer than 64 characters); "
@@ -305,6 +306,19 @@ class MySQLDedupStore(DedupStore):
         application, self._unproven = self._unproven, None
         if application is not None:  # the start-up check ran before the table existed
             self.prove_writes(application)
+
+    def _add_reason_column(self) -> None:
+        """A table made before FAILED records gets their reason's column (``CREATE TABLE IF
+        NOT EXISTS`` adds none to an existing table); without the ALTER privilege it is logged,
+        and the table keeps working without it."""
+        if REASON_COLUMN in self._call(self._columns):
+            return
+        try:
+            self._call(self._op, self._run, ADD_REASON_SQL.format(table=self._table), ())
+        except StoreError as exc:
+            logger.warning("%s (%s)", self._old_table_risk(), exc.__cause__ or exc)
+        else:
+            logger.info("%s: added the %s column", self._description, REASON_COLUMN)
 
     def purge_expired(
         self,

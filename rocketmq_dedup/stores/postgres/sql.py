@@ -250,11 +250,15 @@ def quote_table(table_name: str) -> str:
 
 
 def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
-    """The statements that create the dedup table if it does not exist, and comment its
-    columns: what ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
+    """The statements that create the dedup table if it does not exist (and add the columns a
+    table made by an earlier version lacks), and comment its columns: what ``create_table()``
+    runs and ``rocketmq-dedup schema postgres`` prints."""
     table = quote_table(validate_table_name(table_name))
     comments = [
         f"COMMENT ON COLUMN {table}.{column} IS '{text}'"
         for column, text in COLUMN_COMMENTS.items()
     ]
-    return [SCHEMA_SQL.format(table=table), *comments]
+    # A table made before FAILED records gets their reason's column (CREATE TABLE IF NOT EXISTS
+    # adds none to an existing table).
+    upgrade = f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS failure_reason varchar(255)"
+    return [SCHEMA_SQL.format(table=table), upgrade, *comments]
