@@ -15,7 +15,7 @@ from rocketmq_dedup import DedupElement, DedupStatus
 from rocketmq_dedup.owner import new_owner_token
 from rocketmq_dedup.stores.base import Claim, DedupStore
 from tests.conftest import make_store
-from tests.support import MYSQL, PG_DSN, REDIS_URL, pg_bindir, pg_query, sql
+from tests.support import MYSQL, PG_DSN, REDIS_URL, pg_bindir, pg_query
 
 SCRIPT = Path(sys.executable).parent / "rocketmq-dedup"
 MYSQL_URL = "mysql://{user}:{password}@{host}:{port}/{database}".format(**MYSQL)
@@ -252,17 +252,10 @@ def test_check_of_a_table_made_before_failed_records_warns_with_the_alter(
 ) -> None:
     """A table without failure_reason (made by an earlier version): check passes with a warn
     line naming the ALTER TABLE that adds it."""
-    if kind == "mysql":
-        table, run_sql, url = f"{request.getfixturevalue('mysql_table')}_old", sql, MYSQL_URL
-        statements = [f"CREATE TABLE {table} LIKE {request.getfixturevalue('mysql_table')}"]
-    else:
-        table, run_sql, url = f"{request.getfixturevalue('pg_table')}_old", pg_query, PG_DSN
-        statements = [f"CREATE TABLE {table} (LIKE {request.getfixturevalue('pg_table')} "
-                      "INCLUDING ALL)"]  # fmt: skip
-    run_sql(f"DROP TABLE IF EXISTS {table}")
-    request.addfinalizer(lambda: run_sql(f"DROP TABLE IF EXISTS {table}"))
-    for statement in [*statements, f"ALTER TABLE {table} DROP COLUMN failure_reason"]:
-        run_sql(statement)
-    result = run("check", f"--{kind}", url, "--table", table)
+    from tests.integration.test_failed_records_old_tables import old_table
+
+    store = old_table(kind, request)
+    table = store.table_name  # type: ignore[attr-defined]
+    result = run("check", f"--{kind}", MYSQL_URL if kind == "mysql" else PG_DSN, "--table", table)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "warn table:" in result.stdout and "ADD COLUMN failure_reason" in result.stdout

@@ -5,6 +5,7 @@ record is written without its reason, with a warning naming the ALTER TABLE that
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any, Callable
 
 import pytest
@@ -15,19 +16,21 @@ from rocketmq_dedup.stores.base import CLAIMED, Claim, DedupStore
 from tests.support import mysql_connect, pg_connect, pg_query, sql
 
 
-def old_table(kind: str, request: pytest.FixtureRequest) -> DedupStore:
-    """A store on a copy of the session's table without failure_reason."""
-    base = request.getfixturevalue("mysql_table" if kind == "mysql" else "pg_table")
-    table = f"{base}_old"
+def old_table(kind: str, request: pytest.FixtureRequest, app_name: str = "") -> DedupStore:
+    """A store on a table of its own, made as an earlier version made it: without
+    failure_reason (made by this version's statements, the column then dropped)."""
+    table = f"t_dedup_old_{uuid.uuid4().hex[:8]}"
     run_sql: Callable[..., Any] = sql if kind == "mysql" else pg_query
-    like = f"LIKE {base}" if kind == "mysql" else f"(LIKE {base} INCLUDING ALL)"
-    run_sql(f"DROP TABLE IF EXISTS {table}")
-    run_sql(f"CREATE TABLE {table} {like}")
+    store: DedupStore = (
+        MySQLDedupStore(mysql_connect(), table)
+        if kind == "mysql"
+        else PostgresDedupStore(pg_connect(), table)
+    )
+    store.create_table()  # type: ignore[attr-defined]
     run_sql(f"ALTER TABLE {table} DROP COLUMN failure_reason")
     request.addfinalizer(lambda: run_sql(f"DROP TABLE IF EXISTS {table}"))
-    if kind == "mysql":
-        return MySQLDedupStore(mysql_connect(), table)
-    return PostgresDedupStore(pg_connect(), table)
+    request.addfinalizer(lambda: run_sql(f"DROP TABLE IF EXISTS {table}_seq"))
+    return store
 
 
 @pytest.mark.parametrize("kind", ["mysql", "postgres"])
