@@ -221,6 +221,10 @@ DUPLICATE_ANSWERS: Dict[Optional[DedupStatus], Tuple[Outcome, ConsumeStatus]] = 
     DedupStatus.FAILED: (Outcome.DUPLICATE_FAILED, LATER),  # the answer: FAILED_ANSWERS
 }
 
+#: (an enum member read from a module global: a class attribute read costs more, on the path of
+#: every duplicate)
+_FAILED = DedupStatus.FAILED
+
 #: What a message that can never succeed is answered (recorded FAILED, and every copy of it
 #: after), by the ``permanent_failure`` setting.
 FAILED_ANSWERS: Dict[PermanentFailurePolicy, ConsumeStatus] = {
@@ -446,7 +450,7 @@ class DedupTemplate(Strategy):
         message as ``permanent_failure`` says (:data:`FAILED_ANSWERS`). Calls the listener's
         ``on_duplicate`` (its exceptions are logged, no more)."""
         delivery.outcome, answer = DUPLICATE_ANSWERS[status]
-        if status is DedupStatus.FAILED:
+        if status is _FAILED:
             answer = FAILED_ANSWERS[snap.permanent_failure]
         on_duplicate = self.hooks.on_duplicate
         if on_duplicate is not None:

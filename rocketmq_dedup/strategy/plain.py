@@ -45,7 +45,7 @@ from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
-from rocketmq_dedup.stores.base import Claim, Record, new_claim
+from rocketmq_dedup.stores.base import CLAIMED, Claim, Record, new_claim
 from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
@@ -105,7 +105,7 @@ class ClaimStrategy(DedupTemplate):
             delivery.status = self._duplicate_status(delivery, result.record, snap)
             return
         delivery.claim = claim
-        if result.lapsed and self._park(delivery, result.lapsed, snap):
+        if result is not CLAIMED and result.lapsed and self._park(delivery, result.lapsed, snap):
             return  # held, to be recorded FAILED; its handler does not run
         if snap.lease_renewal:
             keeper = self._keeper or self._lease_keeper(snap)
