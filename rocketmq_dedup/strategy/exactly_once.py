@@ -251,7 +251,9 @@ class TransactionalStrategy(DedupTemplate):
                 logger.debug("%r: seq %d already applied or superseded; acking", *sequence)
         if verdict is _Verdict.RUN:
             status = self._handle(delivery, tx, snap)
-            if delivery.failure is not None and element is not None:
+            if delivery.failure is not None:  # a permanent failure: its writes never commit
+                if element is None:  # no key, nothing to record it in (close rolls back)
+                    return status
                 return self._commit_failure(delivery, tx, element, status, snap)
             if status is not SUCCESS:
                 return status

@@ -444,3 +444,20 @@ def test_a_permanent_failure_whose_record_a_copy_beat_is_answered_as_that_copy()
     assert world.listener(refuse)(ClassicMessage("m1")) is SUCCESS
     assert world.status("m1") is DedupStatus.CONSUMED
     assert world.metrics.outcomes == [Outcome.DUPLICATE_CONSUMED]
+
+
+def test_a_permanent_failure_without_a_key_commits_nothing_even_when_acked() -> None:
+    """No dedup key, PermanentFailure, permanent_failure="ack": acked, its write rolled back,
+    nothing recorded (there is no key to record it under)."""
+
+    class Keyless(Listener):
+        def dedup_message_key(self, msg: Any) -> Any:
+            return None
+
+    def refuse(msg: Any, conn: FakeConn) -> Any:
+        raise PermanentFailure("bad")
+
+    world = World(permanent_failure="ack")
+    assert Keyless(world.config, refuse)(ClassicMessage("m1")) is SUCCESS
+    assert world.db.committed == [] and world.status("m1") is None
+    assert world.metrics.outcomes == [Outcome.PERMANENT_FAILURE]
