@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Collection, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 #: Redis ``appendfsync everysec``: a write is on disk within about a second; with margin.
 AOF_WINDOW_S = 2.5
@@ -438,19 +438,48 @@ def not_in_the_way(before: Applier, claim: Span, context: Context) -> Tuple[Opti
         if lost:
             return "record_lost_with_store", f"Redis was killed just after {who}'s mark"
         return None, f"claimed {claim[0] - marked[1]:.3f}s after {who}'s CONSUMED mark"
-    confirmed = [w for w in before.writes if w[1] <= claim[0]]  # surely before the claim ran
-    lapse = confirmed[-1][0] + context.lease_s if confirmed else claim[1]  # earliest possible
-    if claim[1] < lapse or not confirmed:
+    verdict: Tuple[Optional[str], str] = (None, "")
+    for at, confirmed in landings(before, claim):
+        verdict = lapsed_at(before, at, confirmed, lost, context)
+        if verdict[0] is not None:
+            break
+    return verdict
+
+
+def landings(before: Applier, claim: Span) -> Iterator[Tuple[float, List[Span]]]:
+    """The instants at which the later ``claim`` may have run (the server ran it at some moment
+    of its call), each with the earlier applier's writes surely landed by then: the latest
+    instant with the writes confirmed before the call began (the rule for a short call), the
+    moment just before each write confirmed during the call, and the call's end with every
+    write confirmed by then. A claim in flight for seconds (a MariaDB restart) may have run
+    after the earlier claim lapsed, while that applier's renewal or mark hung."""
+    writes = sorted(before.writes, key=lambda w: w[1])
+    yield claim[1], [w for w in writes if w[1] <= claim[0]]
+    for end in sorted({w[1] for w in writes if claim[0] < w[1] <= claim[1]}):
+        yield end, [w for w in writes if w[1] < end]
+    yield claim[1], [w for w in writes if w[1] <= claim[1]]
+
+
+def lapsed_at(
+    before: Applier, at: float, confirmed: List[Span], lost: bool, context: Context
+) -> Tuple[Optional[str], str]:
+    """Why ``before``'s record did not refuse a claim run at ``at``, its ``confirmed`` writes
+    landed by then: (cause, note); cause None when it should have."""
+    who = f"pid {before.effect.pid}"
+    if before.marked is not None and before.marked in confirmed:
+        return None, f"claimed after {who}'s CONSUMED mark had landed"
+    lapse = confirmed[-1][0] + context.lease_s if confirmed else at  # earliest possible
+    if at < lapse or not confirmed:
         if lost:
             return "record_lost_with_store", f"Redis was killed just after {who}'s last write"
         if not confirmed:
             return None, f"claimed while {who}'s own claim was in flight: both won"
         return None, (
-            f"claimed while {who}'s claim was live ({lapse - claim[1]:.3f}s before it could lapse)"
+            f"claimed while {who}'s claim was live ({lapse - at:.3f}s before it could lapse)"
         )
     if before.killed_at is not None and before.killed_at <= lapse:
         return "killed_before_mark", f"{who} was SIGKILLed after its effect, before its mark"
-    if before.mark is not None and marked is None:
+    if before.mark is not None and before.marked is None:
         return "mark_failed", f"{who}'s CONSUMED mark failed"
     cause, note = lapse_cause(before, confirmed[-1], lapse, context)
     if cause is None and lost:

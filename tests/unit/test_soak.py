@@ -310,6 +310,35 @@ def test_a_lease_lapsed_because_renewals_failed_is_explained_but_not_while_renew
     assert "claim was live" in str(verdict.appliers["k"][1]["note"])
 
 
+def test_a_claim_in_flight_through_an_outage_may_run_after_the_lapse_it_found() -> None:
+    """A loaded soak run's key (times from its evidence, MariaDB killed meanwhile): two copies
+    claimed at once by one process; the first won, its handler's effect and its renewal hung
+    17-21 s; the second claim's call took 20.7 s and found the first claim expired (taken
+    over): it ran after that claim could lapse, while its renewal hung: the store's. Before,
+    the explainer judged the claim by the writes landed when its call began (none) and called
+    it 'both won'. A takeover whose call ended before the first claim could lapse is still a
+    defect."""
+
+    def two_copies(second_claim_ends: float, took: float) -> Consumer:
+        a = Consumer(10)
+        a.line(0.1, "k", "claim", "claimed,owner=r.10.1@1,took=0.1014")
+        a.line(0.11, "k", "effect_begin")
+        a.line(second_claim_ends, "k", "claim", f"taken_over,owner=r.10.2@1,took={took}", 2)
+        a.line(second_claim_ends + 0.01, "k", "effect_begin", tid=2)
+        a.line(second_claim_ends + 0.06, "k", "effect", "took=0.0532", 2)
+        a.line(second_claim_ends + 0.1, "k", "mark", "ok,owner=r.10.2@1,took=0.0339", 2)
+        a.renew("k", "r.10.1@1", second_claim_ends + 0.06, "lost", took=17.4029)
+        a.line(21.13, "k", "effect", "took=21.0202")
+        a.line(35.0, "k", "mark", "ok,owner=r.10.1@1,took=13.8709")
+        a.effects += [Effect("k", 10, 0.11), Effect("k", 10, second_claim_ends + 0.01)]
+        return a
+
+    assert verdict_of(two_copies(20.73, 20.6615)).doubles == {"k": "lease_lapsed_store"}
+    early = verdict_of(two_copies(5.0, 4.9))
+    assert early.unexplained == ["k"]
+    assert "claim was live" in str(early.appliers["k"][1]["note"])
+
+
 def test_a_failed_mark_and_an_ambiguous_effect_commit_are_explained() -> None:
     """Acked after a failed CONSUMED mark, claimed again after the lease; an effect whose
     commit raised although the row exists (its claim released, the retry ran)."""
