@@ -53,7 +53,7 @@ def _version() -> str:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", "-V", prog_name="rocketmq-dedup")
 def cli() -> None:
-    """Look at and repair rocketmq-dedup's records in Redis or MySQL."""
+    """Look at and repair rocketmq-dedup's records in Redis or MySQL; relay its outbox."""
 
 
 # -- store options -------------------------------------------------------------------------------
@@ -345,13 +345,18 @@ def schema() -> None:
 @schema.command("mysql")
 @click.option("--table", default=DEFAULT_TABLE_NAME, show_default=True, help="Table name.")
 def schema_mysql(table: str) -> None:
-    """The CREATE TABLE statements of the MySQL store: the dedup table and the exactly-once
-    mode's sequence table (what create_table() creates)."""
+    """The CREATE TABLE statements of the MySQL store: the dedup table, the exactly-once
+    mode's sequence table and the outbox's two tables (what create_table() creates)."""
     try:
         statements = schema_statements(table)
     except DedupError as exc:
         raise UsageProblem(str(exc)) from exc
     click.echo("\n\n".join(s + ";" for s in statements))
+
+
+from rocketmq_dedup.outbox.commands import register  # noqa: E402 - needs the helpers above
+
+register(cli)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

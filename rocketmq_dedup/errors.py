@@ -53,6 +53,12 @@ class TransactionMisuseError(DedupError):
     gives that connection to another message."""
 
 
+class OutboxMessageError(DedupError, ValueError):
+    """:meth:`Outbox.send <rocketmq_dedup.outbox.Outbox.send>` refused a message before writing
+    it: a topic, tag, key, property or sharding key the brokers would refuse, an empty or too
+    large body, a connection that is not in a transaction. Nothing was written."""
+
+
 class MissingExtraError(DedupError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
