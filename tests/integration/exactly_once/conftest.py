@@ -25,8 +25,8 @@ def table(request: pytest.FixtureRequest) -> Iterator[str]:
     """This module's dedup table (and its sequence table), dropped at the end."""
     name = unique(f"t_eo_{request.module.__name__.rpartition('_')[2][:8]}")
     yield name
-    sql(f"DROP TABLE IF EXISTS {name}")
-    sql(f"DROP TABLE IF EXISTS {name}_seq")
+    for suffix in ("", "_seq", "_outbox", "_outbox_lane"):
+        sql(f"DROP TABLE IF EXISTS {name}{suffix}")
 
 
 @pytest.fixture(params=DRIVERS)

@@ -105,7 +105,8 @@ def test_a_dedup_statement_error_rolls_back(client: Any, table: str, effects: Ef
         assert status_of(config, "m1") is None
     finally:
         config.close()
-        sql(f"DROP TABLE IF EXISTS {name}")
+        for suffix in ("", "_outbox", "_outbox_lane"):
+            sql(f"DROP TABLE IF EXISTS {name}{suffix}")
 
 
 def test_batches_are_one_transaction_per_message(config: DedupConfig, effects: EffectTable) -> None:
@@ -454,7 +455,8 @@ def test_a_message_without_a_key_still_runs_in_a_transaction(
 
 
 def test_create_table_creates_every_table_idempotently(client: Any) -> None:
-    """create_table() twice: the dedup and the sequence table exist, nothing fails."""
+    """create_table() twice: the dedup, the sequence and the outbox's tables exist, nothing
+    fails."""
     name = unique("t_eo_tables")
     config = make_config(client, name)
     try:
@@ -469,21 +471,21 @@ def test_create_table_creates_every_table_idempotently(client: Any) -> None:
                 (name + "%",),
             )
         }
-        assert tables == {name, name + "_seq"}
+        assert tables == {name, name + "_seq", name + "_outbox", name + "_outbox_lane"}
     finally:
         config.close()
-        sql(f"DROP TABLE IF EXISTS {name}")
-        sql(f"DROP TABLE IF EXISTS {name}_seq")
+        for suffix in ("", "_seq", "_outbox", "_outbox_lane"):
+            sql(f"DROP TABLE IF EXISTS {name}{suffix}")
 
 
 def test_schema_mysql_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
-    """The CLI's schema mysql prints the dedup table and its sequence table."""
+    """The CLI's schema mysql prints the dedup table, its sequence table and the outbox's."""
     from rocketmq_dedup.cli import main
 
     assert main(["schema", "mysql", "--table", "t_x"]) == 0
     out = capsys.readouterr().out
-    assert "CREATE TABLE IF NOT EXISTS `t_x` (" in out
-    assert "CREATE TABLE IF NOT EXISTS `t_x_seq` (" in out
+    for table in ("t_x", "t_x_seq", "t_x_outbox", "t_x_outbox_lane"):
+        assert f"CREATE TABLE IF NOT EXISTS `{table}` (" in out
 
 
 def test_an_engine_makes_the_mysql_store() -> None:
