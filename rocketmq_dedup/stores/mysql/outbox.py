@@ -50,7 +50,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     OUTBOX_RETRY_LATER_SQL,
     OUTBOX_RETRY_PARKED_SQL,
     OUTBOX_RETRY_SQL,
-    OUTBOX_RUNS_SQL,
+    OUTBOX_RUN_SQL,
     OUTBOX_SCHEMA_SQL,
     OUTBOX_SENT_SQL,
     RELAY_SESSION_SQL,
@@ -212,10 +212,12 @@ class MySQLOutboxTables(OutboxTables):
     def _claim(
         self, runner: Runner, owner: str, limit: int, run: int, lease_ms: int
     ) -> List[ClaimedRow]:
-        heads = runner.run(self._heads, (limit,), True)
+        heads = runner.run(self._heads, (limit, limit), True)
         if not heads:
             return []
-        groups = self._groups(runner, [(int(i), column_text(lane)) for i, lane in heads], run)
+        groups = self._groups(
+            runner, [(int(i), column_text(lane)) for i, lane in heads], run, limit
+        )
         wanted = [i for group in groups for i in group][:limit]
         if not wanted:
             return []
@@ -246,33 +248,32 @@ class MySQLOutboxTables(OutboxTables):
         return [by_id[i] for i in kept if i in by_id]
 
     def _groups(
-        self, runner: Runner, heads: List[Tuple[int, Optional[str]]], run: int
+        self, runner: Runner, heads: List[Tuple[int, Optional[str]]], run: int, limit: int
     ) -> List[List[int]]:
         """The heads in order, each a group: alone, or (``run`` > 1, a sharding key) followed
-        by the sendable rows of its key that come right after it (the runs read now: a head no
-        longer first in its key, sent meanwhile, is left out)."""
-        lanes = [lane for _, lane in heads if lane is not None]
-        if run <= 1 or not lanes:
+        by the sendable rows of its key that come right after it, read now (a row that is not
+        due, claimed or in its backoff, ends the run), as many as the claim has room for."""
+        lanes = [(i, lane) for i, lane in heads if lane is not None]
+        room = limit - len(heads)  # the heads fill the claim: no runs
+        if run <= 1 or not lanes or room <= 0:
             return [[i] for i, _ in heads]
-        rows = runner.run(self._sql(OUTBOX_RUNS_SQL, len(lanes)), (*lanes, run), True)
-        runs: Dict[str, List[Tuple[int, bool]]] = {}
-        for i, lane, sendable in rows:
-            runs.setdefault(column_text(lane), []).append((int(i), bool(sendable)))
+        each = min(run - 1, -(-room // len(lanes)))
+        sql = " UNION ALL ".join([self._sql(OUTBOX_RUN_SQL)] * len(lanes))
+        params = [value for i, lane in lanes for value in (lane, i, each)]
+        after: Dict[int, List[Tuple[int, bool]]] = {}
+        heads_of = {lane: i for i, lane in lanes}
+        for row_id, lane, sendable in runner.run(sql, params, True):
+            head = heads_of[column_text(lane)]
+            after.setdefault(head, []).append((int(row_id), bool(sendable)))
         groups = []
         for i, lane in heads:
-            if lane is None:
-                groups.append([i])
-                continue
-            found = runs.get(lane, [])
-            if not found or found[0][0] != i:
-                continue
-            group = []
-            for row_id, sendable in found:
-                if not sendable:
-                    break
-                group.append(row_id)
-            if group:
-                groups.append(group)
+            group = [i]
+            if lane is not None:
+                for row_id, sendable in sorted(after.get(i, [])):
+                    if not sendable:
+                        break
+                    group.append(row_id)
+            groups.append(group)
         return groups
 
     def settle(

@@ -215,8 +215,9 @@ OUTBOX_LANE_TABLE_SUFFIX = "_outbox_lane"
 # One row per message a handler sends. `id` orders a sharding key's rows (assigned under the
 # key's lock in <table>_outbox_lane, so in commit order); `due_at` is when a relay may take the
 # row (0 at first: at once; a backoff after a failed send; the end of a claim's lease), and
-# `claimed_by` the claim that holds it. (status, id): the relays' scan of PENDING rows and the
-# backlog; (lane, status, id): a row's earlier unsent rows of its sharding key.
+# `claimed_by` the claim that holds it. (lane, status, id): each sharding key's first PENDING
+# row in one index dive per key (a loose index scan), and its next ones; (status, lane, id):
+# the PENDING rows without a sharding key in order, the backlog, the operators' lists.
 OUTBOX_SCHEMA_SQL = """\
 CREATE TABLE IF NOT EXISTS {table} (
   id            BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
@@ -237,7 +238,7 @@ CREATE TABLE IF NOT EXISTS {table} (
   broker_msg_id VARCHAR(128)    NULL     COMMENT 'the message id the broker acknowledged',
   last_error    VARCHAR(1024)   NULL,
   PRIMARY KEY (id),
-  KEY status_id (status, id),
+  KEY status_lane_id (status, lane, id),
   KEY lane_status_id (lane, status, id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
 
@@ -263,22 +264,28 @@ OUTBOX_INSERT_SQL = (
 )
 # The relays' connections read committed: no gap locks (a relay never blocks a handler's INSERT).
 RELAY_SESSION_SQL = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
-# A relay's claim. 1. Heads: PENDING rows due now with no earlier unsent row of their sharding
-# key, in id order (one consistent read: an earlier row of the key committed before the row, so
-# a read that sees the row sees it).
+# A relay's claim. 1. Heads, in one consistent read: each sharding key's first PENDING row (its
+# oldest: the key's rows commit in id order, so a read that sees a row sees every earlier one of
+# its key), if it is due and no row of the key is PARKED (a parked row holds back the rest of
+# its key), and the PENDING rows without a sharding key that are due; in id order.
 OUTBOX_HEADS_SQL = (
-    "SELECT o.id, o.lane FROM {table} o "
-    f"WHERE o.status = 'PENDING' AND o.due_at <= {NOW_MS} AND NOT EXISTS ("
-    "SELECT 1 FROM {table} p WHERE p.lane = o.lane AND p.status IN ('PENDING', 'PARKED') "
-    "AND p.id < o.id) ORDER BY o.id LIMIT %s"
+    "SELECT id, lane FROM ("
+    "SELECT o.id, o.lane FROM (SELECT lane, MIN(id) AS id FROM {table} "
+    "WHERE status = 'PENDING' AND lane IS NOT NULL GROUP BY lane) h "
+    f"JOIN {{table}} o ON o.id = h.id WHERE o.due_at <= {NOW_MS} "
+    "AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.lane = h.lane AND p.status = 'PARKED') "
+    "UNION ALL "
+    "(SELECT id, lane FROM {table} "
+    f"WHERE status = 'PENDING' AND lane IS NULL AND due_at <= {NOW_MS} ORDER BY id LIMIT %s)"
+    ") heads ORDER BY id LIMIT %s"
 )
-# 2. Runs: the first unsent rows of the heads' sharding keys, in order, with whether each is
-# sendable now (PENDING and due): a run is the head and the sendable rows that follow it.
-OUTBOX_RUNS_SQL = (
-    f"SELECT id, lane, status = 'PENDING' AND due_at <= {NOW_MS} FROM ("
-    "SELECT id, lane, status, due_at, ROW_NUMBER() OVER (PARTITION BY lane ORDER BY id) AS n "
-    "FROM {table} WHERE lane IN ({marks}) AND status IN ('PENDING', 'PARKED')) r "
-    "WHERE n <= %s ORDER BY lane, id"
+# 2. Runs: the PENDING rows that follow a head in its sharding key, in order, with whether each
+# is sendable now (due): a run is the head and the sendable rows right after it. One index range
+# per key (lane, status, id), UNION ALL'd. (A PARKED row is always its key's first unsent row:
+# only heads are sent, so only heads fail; the rows after a head are all PENDING.)
+OUTBOX_RUN_SQL = (
+    f"(SELECT id, lane, due_at <= {NOW_MS} FROM {{table}} "
+    "WHERE lane = %s AND status = 'PENDING' AND id > %s ORDER BY id LIMIT %s)"
 )
 # 3. Lock what is still sendable, skipping rows another relay is claiming (in a transaction).
 OUTBOX_LOCK_SQL = (
@@ -316,7 +323,8 @@ OUTBOX_RELEASE_SQL = (
 # The backlog: PENDING rows (counted on the (status, id) index), the oldest one's age, PARKED.
 OUTBOX_BACKLOG_SQL = (
     "SELECT (SELECT COUNT(*) FROM {table} WHERE status = 'PENDING'), "
-    f"(SELECT {NOW_MS} - created_at FROM {{table}} WHERE status = 'PENDING' ORDER BY id LIMIT 1), "
+    f"(SELECT {NOW_MS} - created_at FROM {{table}} "
+    "WHERE id = (SELECT MIN(id) FROM {table} WHERE status = 'PENDING')), "
     "(SELECT COUNT(*) FROM {table} WHERE status = 'PARKED')"
 )
 # Operators (rocketmq-dedup outbox ...).
@@ -343,7 +351,7 @@ OUTBOX_DROP_SQL = (
 )
 OUTBOX_PURGE_SQL = (
     "DELETE FROM {table} WHERE status IN ('SENT', 'DROPPED') "
-    f"AND sent_at <= {NOW_MS} - %s ORDER BY id LIMIT %s"
+    f"AND sent_at <= {NOW_MS} - %s LIMIT %s"
 )
 # A sharding key's lock row, unused for the retention and with no unsent row: a transaction
 # that takes the lock meanwhile updates used_at first (the DELETE waits for it, then skips it).
