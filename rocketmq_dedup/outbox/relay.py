@@ -27,10 +27,10 @@ of relays may serve one outbox at once, on any hosts. Its loop:
   forbidden topic...): PARKED at once with the client's reason; the rows of its sharding key
   wait behind it (``outbox retry`` or ``outbox drop`` releases them), all others go on.
 * *No route for the topic* (``UNROUTABLE``: missing topic, or the cluster restarting; the
-  classic client also says so for a message its broker refused): retried with backoff (1 s
-  doubling to 60 s per attempt); PARKED once another send succeeded since its first failure
-  (the cluster is up: this topic is the problem) and it failed ``proof_attempts`` times, or
-  after ``give_up_after_s`` in any case.
+  classic client also says so for a message its broker refused, and for a route briefly
+  missing): retried with backoff (0.2 s doubling to 60 s per attempt); PARKED once another
+  send succeeded since its first failure (the cluster is up: this topic is the problem) and it
+  failed ``proof_attempts`` times, or after ``give_up_after_s`` in any case.
 * *Anything else* (``UNKNOWN``): retried with backoff, PARKED after ``give_up_after_s``.
 * *The database down*: the claim or the settle fails; the relay retries (backoff up to 30 s).
   A settle that cannot be written before the lease ends leaves its sent rows to be sent again
@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 #: The relay-wide pause after an outage: from this, doubling, up to the next.
 PAUSE_S = (0.5, 30.0)
 #: A row's backoff after a failed send: from this, doubling per attempt, up to the next.
-BACKOFF_S = (1.0, 60.0)
+BACKOFF_S = (0.2, 60.0)
 
 
 @dataclass
