@@ -135,7 +135,7 @@ class OutboxRelay:
         give_up_after_s: float = 3600.0,
         proof_attempts: int = 3,
         backlog_interval_s: float = 10.0,
-        linger_s: float = 0.002,
+        linger_s: float = 0.005,
         metrics: Optional[DedupMetrics] = None,
     ) -> None:
         if not isinstance(outbox, Outbox):
