@@ -143,8 +143,7 @@ class TxE2ECase(E2ECase, MySQLTxCase):
         self.sql(f"DELETE FROM `{LIBRARY_TABLE}` WHERE application_name = %s", (self.app,))
 
     def close(self) -> None:
-        E2ECase.close(self)
-        MySQLTxCase.close(self)
+        E2ECase.close(self)  # and MySQLTxCase.close, next in the method order
         self.config.close()
 
 
