@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.clients import Producer, start_push_consumer
 from tests.e2e.harness import rocketmq_script, sql
-from tests.e2e.test_e2e_quickstarts import SampleProcess, warm_up
+from tests.e2e.test_e2e_quickstarts import SampleProcess
 from tests.support import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -71,3 +71,17 @@ def test_the_outbox_sample_pays_each_order_once_and_ships_it(
         process.kill()
         producer.close()
         stop_ship()
+
+
+def warm_up(process: SampleProcess, producer: Producer, topic: str, run: str) -> None:
+    """A warm-up order a second until the sample pays one: its consumer pulls its queues."""
+    sent = 0
+
+    def paid() -> bool:
+        nonlocal sent
+        process.alive()
+        producer.send_keyed(topic, b"warm-up", f"warmup-{run}-{sent}")
+        sent += 1
+        return any(" INFO order warmup-" in line and "paid" in line for line in process.lines())
+
+    wait_for(paid, timeout=90, interval=1.0)
