@@ -229,8 +229,9 @@ def test_a_broker_outage_holds_the_rows_and_loses_none(outbox: Outbox, table: st
 
 
 def test_an_unroutable_topic_is_parked_once_other_sends_succeed(outbox: Outbox, table: str) -> None:
-    """No route for topic GONE while other topics send: after three attempts it is PARKED (the
-    cluster is up, the topic is the problem); the others were sent meanwhile."""
+    """No route for topic GONE while other topics send: PARKED after three attempts at the
+    soonest, once a send succeeded after its first failure (the cluster is up, the topic is
+    the problem); the others were sent meanwhile."""
     sender = RecordingSender(refuse_topic("GONE", FailureKind.UNROUTABLE))
     write(outbox, "gone", "GONE")
     with OutboxRelay(outbox, sender, poll_interval_s=0.05) as relay:
@@ -239,7 +240,8 @@ def test_an_unroutable_topic_is_parked_once_other_sends_succeed(outbox: Outbox, 
             relay.wake()
             time.sleep(0.15)
         wait_for(lambda: outbox_rows(table)["gone"][0] == "PARKED", timeout=10)
-    assert outbox_rows(table)["gone"] == ("PARKED", 3)
+    status, attempts = outbox_rows(table)["gone"]
+    assert status == "PARKED" and 3 <= attempts <= 8  # not before the third (timing: a few more)
     assert sorted(sender.message_keys()) == [f"ok{i}" for i in range(6)]
 
 
