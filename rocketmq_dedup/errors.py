@@ -27,6 +27,25 @@ class StoreUnavailableError(StoreError):
     config's ``store_failure_policy``."""
 
 
+class StoreMisconfiguredError(StoreError):
+    """The store refused an operation for a reason that will not pass by itself: a person must
+    fix the configuration. The account lacks a privilege (MySQL/MariaDB 1142 "INSERT command
+    denied", 1044/1045 access denied) or an ACL rule (Redis ``NOPERM``), or the server takes no
+    writes (a MariaDB in ``read_only`` mode, 1290; a Redis replica, ``READONLY``). Never an
+    outage: the listener logs it at ERROR and answers RECONSUME_LATER whatever
+    ``store_failure_policy`` says (running handlers without dedup until someone notices would
+    apply duplicates). The start-up check raises it (as :class:`DedupConfigError`) before the
+    first message.
+
+    ``fix`` says what to change (the privilege to grant, the ACL rule, the server to point at);
+    the message ends with it. The driver's error is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(f"{message} ({fix})")
+        self.fix = fix
+
+
 class StorePoolExhaustedError(StoreError):
     """No connection of the store's pool came free in time: all of the MySQL store's
     ``pool_size`` connections stayed busy for ``pool_timeout``, or the bounded pool of a
@@ -45,6 +64,27 @@ class StoreLockConflictError(StoreError):
     counts it apart (outcome ``lock_conflict``). Chained to the driver's error."""
 
 
+class PermanentFailure(DedupError):
+    """Raised (or returned) by ``do_handle_msg`` when its message can never succeed (an invalid
+    payload, a business rule it breaks): retrying it would only fail again, 16 times over hours.
+
+    The listener records the message FAILED with ``reason`` (its first
+    :data:`~rocketmq_dedup.stores.base.MAX_REASON_LENGTH` characters; the exception's class name
+    when empty) for the retention, logs it, counts it (outcome ``permanent_failure``) and
+    answers as the ``permanent_failure`` setting says: RECONSUME_LATER until the broker
+    dead-letters it (``"dlq"``, the default) or CONSUME_SUCCESS (``"ack"``). A copy of the
+    message is answered the same way without the handler; ``rocketmq-dedup inspect`` shows the
+    reason. No local retry runs after it. In the exactly-once mode the handler's writes are
+    rolled back and the FAILED record alone is committed.
+
+    ``raise PermanentFailure("amount must be positive") from exc`` keeps the cause in the log.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+
 class TransactionMisuseError(DedupError):
     """An exactly-once handler tried to end or reconfigure the transaction it was given
     (``commit()``, ``rollback()``, ``close()``, autocommit, a reconnecting ``ping``), or left its
@@ -59,6 +99,11 @@ class OutboxMessageError(DedupError, ValueError):
     large body, a connection that is not in a transaction. Nothing was written."""
 
 
+class BrokerError(DedupError):
+    """The RocketMQ name server or broker could not be reached, or refused a request of the
+    operator's dead-letter tool (``rocketmq-dedup dlq``): the message says which and why."""
+
+
 class MissingExtraError(DedupError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
@@ -66,3 +111,11 @@ class MissingExtraError(DedupError, ImportError):
         super().__init__(f"{module!r} is not installed: pip install 'rocketmq-dedup[{extra}]'")
         self.module = module
         self.extra = extra
+
+
+class ClientConflictError(DedupError, ImportError):
+    """Both RocketMQ clients are installed in one environment: the classic
+    ``rocketmq-client-python`` (``[rocketmq]``) and the 5.x ``rocketmq-python-client``
+    (``[rocketmq5]``) install the same top-level package ``rocketmq`` over each other, so
+    neither is whole. Raised when an adapter is used; the message says which one's files the
+    shared package now has and how to get back to one client."""

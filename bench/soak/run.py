@@ -3,8 +3,10 @@
 
 Needs the project's servers running (``scripts/soak.sh`` starts them): MariaDB and the broker
 of ``scripts/services.sh`` / ``scripts/rocketmq.sh``, which this run kills and restarts; Redis
-is the soak's own (AOF ``everysec``, port ``SOAK_REDIS_PORT``), started and stopped here. Every
-process it starts is stopped by PID when it ends, fails or is interrupted.
+is the soak's own (AOF ``everysec``, port ``SOAK_REDIS_PORT``), started and stopped here, and so
+is PostgreSQL when the ``exactly-once-postgres`` mode runs (a cluster of its own under the
+state root, on a free port: never the project's). Every process it starts is stopped by PID
+when it ends, fails or is interrupted.
 
 The quick run (CI) runs its modes at once, under one schedule of faults (one broker restart for
 all of them); the full run (the record) runs them one after another, each alone.
@@ -38,6 +40,7 @@ from bench.soak import report as soak_report
 from bench.soak.plan import (
     DEFAULT_CONSUMERS,
     KINDS,
+    STORE_KILLS,
     Fault,
     Send,
     faults,
@@ -51,11 +54,13 @@ STATE_ROOT = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-ded
 STATE = STATE_ROOT / "soak"
 HOME = STATE / "home"  # the consumers' HOME: rocketmq-client-cpp writes its logs under it
 CONTROL = "no-dedup"
-MODES = ("plain-redis", "plain-mysql", "exactly-once", CONTROL)
-#: The outbox mode (issue 35): not among the default modes (the quick soak CI runs keeps its
-#: four and its time); ``--modes outbox``.
+#: The outbox mode (issue 35), a mode of its own: consume A, write, send B through the outbox.
 OUTBOX = "outbox"
-KNOWN_MODES = (*MODES, OUTBOX)
+MODES = ("plain-redis", "plain-mysql", "exactly-once", "exactly-once-postgres", OUTBOX, CONTROL)
+#: The modes a run does by default (``--modes``): all but those that need a server more
+#: (exactly-once-postgres) and the outbox's (more processes: the quick soak CI runs keeps its
+#: four and its time).
+DEFAULT_MODES = ("plain-redis", "plain-mysql", "exactly-once", CONTROL)
 #: The outbox mode's processes beside its A consumers: B's consumers and a relay alone.
 OUTBOX_DOWNSTREAM, OUTBOX_RELAYS = 2, 1
 STORE_KILL = {
@@ -63,14 +68,18 @@ STORE_KILL = {
     "plain-mysql": "mysql_kill",
     "exactly-once": "mysql_kill",
     OUTBOX: "mysql_kill",
+    "exactly-once-postgres": "postgres_kill",
     CONTROL: "none",
 }
+#: The modes whose store (and effects) are the soak's PostgreSQL.
+POSTGRES_MODES = ("exactly-once-postgres",)
 SOAK_REDIS_PORT = int(os.environ.get("SOAK_REDIS_PORT", "16390"))
 THREADS = 8
 LEASE_MS = 10_000  # a killed consumer's claims lapse after this; redeliveries then run
 QUIET_S = 12.0  # the drain ends this long after the last decision, once every key is applied
 LATE_S = 60.0  # a key applied later than this after its send is "delayed" (lease + restart)
 STOP_GRACE_S = 5.0  # consumers get this long to stop after SIGTERM at the end
+MAX_DETAILED = 200  # double-applied keys whose appliers the report lists (unexplained first)
 SEND_DEADLINE_S = 180.0  # a send is retried this long (a broker restart took up to 88 s)
 #: Options the soak sets itself (its evidence is the metrics object; consumers restarted in an
 #: outage must start): refused in --options and --variant.
@@ -201,6 +210,28 @@ class SoakRedis:
                 self.kill()
 
 
+class SoakPostgres:
+    """The soak's PostgreSQL: a cluster of its own (tests.support.PrivatePostgres: initdb under
+    the state root, a free port), killed with -9 and restarted on the same data directory (it
+    recovers from its WAL); destroyed at the end."""
+
+    def __init__(self) -> None:
+        from tests.support import PrivatePostgres
+
+        self.server = PrivatePostgres("soak")
+        self.dsn = self.server.dsn
+
+    def start(self) -> None:
+        self.server.create()
+
+    def kill(self) -> None:
+        self.server.kill()
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.destroy()
+
+
 def kill_mariadb() -> None:
     pid = int((STATE_ROOT / "services" / "mariadb.pid").read_text())
     os.kill(pid, signal.SIGKILL)
@@ -314,6 +345,7 @@ class ModeRun:
     seed: int
     kinds: Sequence[str]
     redis: SoakRedis
+    postgres: Optional[SoakPostgres]
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     kills: List[evidence.Kill] = field(default_factory=list)
     faults_done: List[Dict[str, Any]] = field(default_factory=list)
@@ -372,6 +404,7 @@ class ModeRun:
         settings = {
             "mode": self.mode, "run_id": self.run_id, "app": f"soak-{self.run_id}",
             "threads": THREADS, "lease_ms": LEASE_MS, "redis_url": self.redis.url,
+            "pg_dsn": self.postgres.dsn if self.postgres is not None else None,
             "evidence": str(self.evidence_path()), "options": self.options,
         }  # fmt: skip
         if self.mode == OUTBOX:
@@ -434,7 +467,12 @@ class ModeRun:
                     backoff = min(backoff * 2, 2.0)
 
     def applied(self) -> List[evidence.Effect]:
-        rows = sql("SELECT biz_key, pid, at FROM soak_effects WHERE run_id = %s", (self.run_id,))
+        query = "SELECT biz_key, pid, at FROM soak_effects WHERE run_id = %s"
+        if self.mode in POSTGRES_MODES:
+            assert self.postgres is not None
+            rows = pg_sql(self.postgres.dsn, query, (self.run_id,))
+        else:
+            rows = sql(query, (self.run_id,))
         return [evidence.Effect(k, int(p), float(a)) for k, p, a in rows]
 
     def quiet_s(self) -> float:
@@ -522,6 +560,7 @@ class ModeRun:
         verdict = evidence.judge(
             keys, effects, events, self.kills, STORE_KILL[self.mode],
             dead_lettered=self.dead_lettered, dedup=self.mode != CONTROL,
+            lease_s=LEASE_MS / 1000,
         )  # fmt: skip
         doubles, explained = evidence.summary(verdict)
         decisions = [e for e in events if e.kind == "decision"]
@@ -547,9 +586,16 @@ class ModeRun:
             "double_applied": doubles, "double_applied_explained": explained,
             "double_applied_causes": {k: v for k, v in verdict.causes.items() if v},
             "unexplained_keys": verdict.unexplained[:20],
+            "double_applied_appliers": {
+                key: verdict.appliers[key]
+                for key in sorted(verdict.appliers, key=lambda k: verdict.doubles[k] is not None)
+                [:MAX_DETAILED]
+            },
+            "stalls": accounting.stall_summary(events, kinds, self.start),
             "client_sendback_failures": sendback_failures(kinds),
             "dlq": self.dlq_messages, "polls": self.polls,
             "faults": self.faults_done,
+            "kills": [dataclasses.asdict(k) for k in self.kills],
             "send_retries": self.send_retries, "unsent": len(self.unsent),
             "drain_s": round(self.drain_s, 1), "drain_end": self.drain_end,
             **accounting.throughput(
@@ -660,12 +706,20 @@ class Batch:
                 p.send_keyed(r.topic(k), b"probe", r.probe_key(k))
             time.sleep(1.0)
 
+    def store_kills(self) -> List[str]:
+        """The store kills of the schedule: Redis's and MariaDB's always (every run's schedule
+        stays what it was), PostgreSQL's when one of its modes runs."""
+        kills = list(STORE_KILLS)
+        if any(r.mode in POSTGRES_MODES for r in self.runs):
+            kills.append("postgres_kill")
+        return kills
+
     def inject(self, start: float) -> None:
         """Each fault at its time, in its own thread (a broker restart takes 15-45 s under
         load; the faults after it must still strike while messages flow). With the outbox mode
         its relay processes are SIGKILLed too, at moments of their own (the others' schedule
         unchanged)."""
-        schedule = faults(self.size.send_s, self.seed)
+        schedule = faults(self.size.send_s, self.seed, stores=self.store_kills())
         if any(r.mode == OUTBOX for r in self.runs):
             schedule = sorted([*schedule, *outbox_faults(self.size.send_s, self.seed)],
                               key=lambda f: f.at_s)  # fmt: skip
@@ -692,7 +746,8 @@ class Batch:
                 victim.lock.acquire()  # one kill and restart of a slot at a time
             try:
                 for r, victim in zip(self.runs, victims, strict=True):
-                    r.kills.append(evidence.Kill("sigkill", time.time(), victim.sigkill()))
+                    pid = victim.sigkill()  # the time it was dead by: anything it wrote is
+                    r.kills.append(evidence.Kill("sigkill", time.time(), pid))  # before
                 for victim in victims:
                     victim.launch()
                 for victim in victims:
@@ -714,6 +769,10 @@ class Batch:
             kill_mariadb()
             time.sleep(1.0)
             script("services.sh", "up", "mysql")
+        elif fault.kind == "postgres_kill":
+            postgres = self.runs[0].postgres
+            assert postgres is not None
+            postgres.kill()
         else:
             script("rocketmq.sh", "restart-broker")
         took = time.time() - at
@@ -776,7 +835,7 @@ def timeline(decisions: Sequence[evidence.Event], start: float, step: float = 5.
     return [counts.get(i, 0) for i in range(max(counts, default=-1) + 1)]
 
 
-def create_tables() -> None:
+def create_tables(postgres: Optional[SoakPostgres]) -> None:
     from rocketmq_dedup.stores.mysql import MySQLDedupStore
 
     sql(
@@ -790,6 +849,34 @@ def create_tables() -> None:
         " at DOUBLE NOT NULL, KEY (run_id)) ENGINE=InnoDB"
     )
     MySQLDedupStore(mysql_connect()).create_table()
+    if postgres is not None:
+        from rocketmq_dedup.stores.postgres import PostgresDedupStore
+        from tests.support import pg_connect
+
+        pg_sql(
+            postgres.dsn,
+            "CREATE TABLE IF NOT EXISTS soak_effects (id bigserial PRIMARY KEY,"
+            " run_id varchar(16) NOT NULL, biz_key varchar(64) NOT NULL, pid int NOT NULL,"
+            " at double precision NOT NULL)",
+        )
+        pg_sql(postgres.dsn, "CREATE INDEX IF NOT EXISTS soak_effects_run ON soak_effects (run_id)")
+        store = PostgresDedupStore(pg_connect(postgres.dsn))
+        store.create_table()
+        store.close()
+
+
+def pg_sql(dsn: str, query: str, params: Sequence[Any] = ()) -> List[Any]:
+    """One statement on the soak's PostgreSQL (retried while it restarts)."""
+    from tests.support import pg_query
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return pg_query(query, *params, dsn=dsn)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -837,8 +924,8 @@ def mode_options(
     out: Dict[str, Dict[str, Any]] = {}
     for spec in specs:
         mode, _, variant = spec.partition(":")
-        if mode not in KNOWN_MODES:
-            raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(KNOWN_MODES)}")
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
         if variant and variant not in variants:
             raise ValueError(f"{spec}: no --variant {variant}=...")
         if mode == CONTROL:
@@ -862,9 +949,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="5,000 keys per mode, the modes at once (CI)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument(
-        "--modes", default=",".join(MODES),
-        help=f"comma-separated MODE or MODE:VARIANT; modes: {', '.join(KNOWN_MODES)} (the "
-        f"control: {CONTROL}; default: {', '.join(MODES)})",
+        "--modes", default=",".join(DEFAULT_MODES),
+        help=f"comma-separated MODE or MODE:VARIANT; modes: {', '.join(MODES)} (the control; "
+        f"default: {','.join(DEFAULT_MODES)})",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -917,10 +1004,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
     STATE.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(HOME / "logs", ignore_errors=True)  # client logs are counted per pid
-    create_tables()
+    postgres: Optional[SoakPostgres] = None
+    if any(spec.partition(":")[0] in POSTGRES_MODES for spec in specs):
+        postgres = SoakPostgres()
+        postgres.start()
     redis_server = SoakRedis()
-    redis_server.start()
-    runs = [ModeRun(s, options[s], size, args.seed, kinds, redis_server) for s in specs]
+    try:
+        create_tables(postgres)
+        redis_server.start()
+    except BaseException:
+        if postgres is not None:
+            postgres.stop()
+        raise
+    runs = [ModeRun(s, options[s], size, args.seed, kinds, redis_server, postgres) for s in specs]
     for r in runs:
         r.make_consumers()
     batches = [runs] if size.together else [[r] for r in runs]
@@ -949,6 +1045,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             log(f"{names}: phases {batch.phases}")
     finally:
         redis_server.stop()
+        if postgres is not None:
+            postgres.stop()
     report = {
         "modes": results,
         "control": accounting.compare(results, CONTROL),
@@ -963,7 +1061,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         m for m, r in results.items()
         if r["acked_not_applied"]
         or r["double_applied"] != r["double_applied_explained"]
-        or (r["mode"] in ("exactly-once", OUTBOX) and r["double_applied"])
+        or ((r["mode"].startswith("exactly-once") or r["mode"] == OUTBOX) and r["double_applied"])
         or (r["mode"] == OUTBOX and soak_outbox.failed(r["outbox"]))
     ]  # fmt: skip
     if failed:

@@ -34,6 +34,9 @@ class StoreOp(enum.StrEnum):
     """Exactly-once mode: reading records (a redelivery's look-up, a refused commit's record)."""
     COMMIT = "commit"
     """Exactly-once mode: the dedup record's INSERT with the transaction's COMMIT."""
+    MARK_FAILED = "mark_failed"
+    """A FAILED record written (a permanent failure, a parked poison message); in the
+    exactly-once mode with its own COMMIT, the handler's writes rolled back."""
 
 
 class Decision(NamedTuple):
@@ -74,6 +77,12 @@ class DedupMetrics:
 
     def leases(self, application: str, renewed: int, lost: int) -> None:
         """Called after each lease renewal round: leases extended, and claims found taken over."""
+
+    def purge(self, table: str, deleted: int, lag_seconds: float) -> None:
+        """Called by a running :class:`~rocketmq_dedup.purger.Purger` after each batch: the
+        expired rows it deleted, and the purge lag, how long the longest-expired row its
+        current pass has met had been expired (seconds; it grows when the purge falls
+        behind, and stays where the last pass left it between passes)."""
 
     def handled(
         self,

@@ -27,8 +27,10 @@ class OpenTelemetryMetrics(DedupMetrics):
     Instruments: ``rocketmq_dedup.messages`` (counter; attributes ``app``, ``topic``,
     ``outcome``), ``rocketmq_dedup.lease_renewals`` and ``rocketmq_dedup.leases_lost``
     (counters; ``app``), ``rocketmq_dedup.store.duration`` (histogram, s; ``app``, ``op``),
-    ``rocketmq_dedup.handler.duration`` (histogram, s; ``app``, ``topic``); the outbox's
-    relays: ``rocketmq_dedup.outbox.sent``, ``rocketmq_dedup.outbox.failed``,
+    ``rocketmq_dedup.handler.duration`` (histogram, s; ``app``, ``topic``),
+    ``rocketmq_dedup.purge.deleted`` (counter; ``table``) and ``rocketmq_dedup.purge.lag``
+    (observable gauge, s; ``table``) from a running :class:`~rocketmq_dedup.Purger`; the
+    outbox's relays: ``rocketmq_dedup.outbox.sent``, ``rocketmq_dedup.outbox.failed``,
     ``rocketmq_dedup.outbox.parked`` (counters; ``outbox``, ``topic``) and the observable gauges
     ``rocketmq_dedup.outbox.backlog``, ``rocketmq_dedup.outbox.oldest_pending_age`` (s) and
     ``rocketmq_dedup.outbox.parked_rows`` (``outbox``).
@@ -65,6 +67,17 @@ class OpenTelemetryMetrics(DedupMetrics):
         )
         self._handler = meter.create_histogram(
             "rocketmq_dedup.handler.duration", unit="s", description="do_handle_msg"
+        )
+        self._purged = meter.create_counter(
+            "rocketmq_dedup.purge.deleted", unit="{row}", description="Expired rows purged"
+        )
+        self._purge_lag: Dict[str, float] = {}  # table: seconds, read by the gauge's callback
+        meter.create_observable_gauge(
+            "rocketmq_dedup.purge.lag",
+            callbacks=[self._observe_purge_lag],
+            unit="s",
+            description="How long the longest-expired row the purge's current pass met had been "
+            "expired",
         )
         self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider) if spans else None
         self._outbox = {
@@ -165,3 +178,13 @@ class OpenTelemetryMetrics(DedupMetrics):
             ]
 
         return observe
+
+    def purge(self, table: str, deleted: int, lag_seconds: float) -> None:
+        self._purged.add(deleted, {"table": table})
+        self._purge_lag[table] = lag_seconds
+
+    def _observe_purge_lag(self, options: Any) -> Iterable[Any]:
+        return [
+            otel_metrics.Observation(lag, {"table": table})
+            for table, lag in list(self._purge_lag.items())
+        ]

@@ -1,13 +1,16 @@
 """The rules every strategy applies the same way: what a handler's return value means
 (:func:`handler_status`), which dedup keys are accepted (:func:`key_text`), and running a
-handler with them (:func:`run_handler`)."""
+handler with them (:func:`run_handler`): its answer, or the
+:class:`~rocketmq_dedup.errors.PermanentFailure` it raised or returned (:data:`HandlerResult`)."""
 
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
+from rocketmq_dedup.errors import PermanentFailure
 from rocketmq_dedup.message import to_text
 from rocketmq_dedup.status import ConsumeStatus
 
@@ -47,6 +50,16 @@ def answer(result: Any, commit: bool = False) -> ConsumeStatus:
     if result is True:  # the common case, before the general rule
         return SUCCESS
     status = handler_status(result)
+    if status is None and inspect.isawaitable(result):
+        _discard(result)
+        logger.error(
+            "do_handle_msg returned an awaitable, %r: the listener runs on the client's threads "
+            "with no event loop and cannot await it (is do_handle_msg a def that returns a "
+            "coroutine?); run it to completion inside (asyncio.run(...)) and return its result; "
+            "the message will be consumed later",
+            result,
+        )
+        return LATER
     if status is None:
         ok, retry = ("commit", "roll back") if commit else ("success", "retry")
         logger.error(
@@ -61,17 +74,40 @@ def answer(result: Any, commit: bool = False) -> ConsumeStatus:
     return status
 
 
-def run_handler(handler: Callable[[Any], Any], msg: Any) -> ConsumeStatus:
-    """Call the user's handler and map its result (:func:`answer`). An ``Exception`` is logged
-    and means RECONSUME_LATER; anything else a handler raises propagates."""
+def _discard(awaitable: Any) -> None:
+    """Close an awaitable a handler or hook returned, if it is a coroutine: the listener has
+    no event loop to run it, and a closed coroutine never runs nor warns that it was never
+    awaited. (Another awaitable, e.g. a Future, belongs to its loop and is left alone.)"""
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()
+
+
+#: What a handler's run means: its answer, or the permanent failure it declared.
+HandlerResult = Union[ConsumeStatus, PermanentFailure]
+
+
+def run_handler(handler: Callable[[Any], Any], msg: Any) -> HandlerResult:
+    """Call the user's handler and map its result (:func:`answer`). A
+    :class:`~rocketmq_dedup.errors.PermanentFailure` it raises or returns is given back (the
+    strategy records it); another ``Exception`` is logged and means RECONSUME_LATER; anything
+    else a handler raises propagates."""
     try:
         result = handler(msg)
+    except PermanentFailure as failure:
+        return failure
     except Exception:
         logger.exception("do_handle_msg raised; the message will be consumed later")
         return LATER
     if result is True:
         return SUCCESS
+    if isinstance(result, PermanentFailure):
+        return result
     return answer(result)
+
+
+def failure_reason(failure: PermanentFailure) -> str:
+    """The reason a permanent failure gives (its class name when it gives none)."""
+    return failure.reason.strip() or type(failure).__name__
 
 
 class KeyRefused(TypeError):
@@ -106,6 +142,13 @@ def _check_value_based(value: Any) -> None:
         for item in value:
             _check_value_based(item)
         return
+    if inspect.isawaitable(value):
+        _discard(value)
+        raise KeyRefused(
+            f"a {type(value).__name__} is not a dedup key: dedup_message_key returned an "
+            "awaitable, which the listener cannot await (no event loop on the client's "
+            "threads); return the key itself"
+        )
     if isinstance(value, (set, frozenset, dict)):
         raise KeyRefused(
             f"a {type(value).__name__} is not a dedup key: its text order differs between "

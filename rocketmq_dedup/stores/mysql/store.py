@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
+from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.errors import DedupConfigError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
@@ -21,7 +21,6 @@ from rocketmq_dedup.stores.base import (
     StoreStats,
     oldest_claims,
     parse_status,
-    round_trip,
 )
 from rocketmq_dedup.stores.mysql.connection import (
     MySQLdbRunner,
@@ -32,11 +31,21 @@ from rocketmq_dedup.stores.mysql.connection import (
     prepare_connection,
     type_name,
 )
-from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error
+from rocketmq_dedup.stores.mysql.errors import (
+    NO_SUCH_TABLE,
+    as_store_error,
+    error_code,
+    is_connection_error,
+    refusal_code,
+)
 from rocketmq_dedup.stores.mysql.outbox import MySQLOutboxTables
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
+from rocketmq_dedup.stores.mysql.privileges import explain, grant_account
+from rocketmq_dedup.stores.mysql.purge import MySQLPurgeSession, purge_step
 from rocketmq_dedup.stores.mysql.rows import readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
+    ACCOUNT_SQL,
+    ADD_REASON_SQL,
     CHECK_SQL,
     CLAIM_ROW,
     CLAIM_SQL,
@@ -47,9 +56,13 @@ from rocketmq_dedup.stores.mysql.sql import (
     INSERT_CLAIM_SQL,
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
+    MARK_FAILED_SQL,
+    MARK_FAILED_SQL_NO_REASON,
     MARK_SQL,
-    PURGE_SCAN_SQL,
-    PURGE_SQL,
+    MISSING_COLUMN,
+    OLDEST_CONSUMED_SQL,
+    REASON_COLUMN,
+    REASONS_SQL,
     RELEASE_SQL,
     RENEW_SQL,
     REQUIRED_COLUMNS,
@@ -63,6 +76,18 @@ from rocketmq_dedup.stores.mysql.sql import (
     validate_table_name,
 )
 from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
+from rocketmq_dedup.stores.postgres.connections import is_psycopg_connection
+from rocketmq_dedup.stores.purge import PurgeBatch
+from rocketmq_dedup.stores.sql_common import (
+    PurgeStep,
+    SqlTables,
+    deletable,
+    detached_connections,
+    latency,
+    pool_options,
+    purge_in_key_order,
+    records_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +120,7 @@ def describe_factory(connect: Callable[[], Any]) -> str:
     return f"{user}@{where}/{database or ''}" if user else f"{where}/{database or ''}"
 
 
-class MySQLDedupStore(DedupStore):
+class MySQLDedupStore(SqlTables, DedupStore):
     """Dedup records in a MySQL/MariaDB table.
 
     :param connect: a zero-argument callable returning a new DB-API connection (mysqlclient,
@@ -112,6 +137,10 @@ class MySQLDedupStore(DedupStore):
         outage, so never a run without dedup.
     """
 
+    #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
+    proves_writes = True
+    longest_name = "64 characters"
+
     def __init__(
         self,
         connect: Callable[[], Any],
@@ -126,31 +155,25 @@ class MySQLDedupStore(DedupStore):
                 "connection, e.g. functools.partial(MySQLdb.connect, host=..., ...); "
                 f"got {'the class ' if isinstance(connect, type) else ''}{type_name(connect)}"
             )
-        if type(pool_size) is not int or not 1 <= pool_size <= MAX_POOL_SIZE:
-            raise DedupConfigError(
-                f"pool_size must be an int from 1 to {MAX_POOL_SIZE}; got {pool_size!r}"
-            )
-        if (
-            isinstance(pool_timeout, bool)
-            or not isinstance(pool_timeout, (int, float))
-            or not 0 < pool_timeout <= 3600
-        ):
-            raise DedupConfigError(
-                f"pool_timeout must be seconds, more than 0 and at most 3600; got {pool_timeout!r}"
-            )
+        pool_size, pool_timeout = pool_options(pool_size, pool_timeout, MAX_POOL_SIZE)
         self._connect = connect
         self.table_name = validate_table_name(table_name)
         table = quote_table(table_name)
         self._sql: Dict[str, str] = {
             "release": RELEASE_SQL.format(table=table),
-            "purge_scan": PURGE_SCAN_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
             "mark": MARK_SQL.format(table=table),
         }
         self._table = table
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
         self._description = f"MySQL {describe_factory(connect)} table {self.table_name}"
-        self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
+        #: The account and database the server reported to the last check (for the GRANT a
+        #: refusal names); until then the database the factory names, if any.
+        self._account: Optional[str] = None
+        keywords = connect.keywords if isinstance(connect, functools.partial) else {}
+        self._database: Optional[str] = keywords.get("database", keywords.get("db"))
+        self._pool = ConnectionPool(self._open_runner, pool_size, pool_timeout, self.describe)
+        self._op = self._pool.run
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
         #: be too long (a table name of 61-64 characters): the mode then runs without one.
         self.sequence_table_name: Optional[str] = sequence_table_name(table_name)
@@ -181,14 +204,9 @@ class MySQLDedupStore(DedupStore):
                 "mysql:// or mariadb:// engine (mysqlclient, PyMySQL)"
             )
 
-        def connect() -> Any:
-            fairy = engine.raw_connection()
-            fairy.detach()  # closing it now closes the DB-API connection, never pools it
-            return fairy.dbapi_connection
-
         from rocketmq_dedup.stores.mysql.sqlalchemy_guard import guard_engine
 
-        store = cls(connect, **options)
+        store = cls(detached_connections(engine), **options)
         store.transactions.engine = engine
         url = engine.url.render_as_string(hide_password=True)
         store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
@@ -221,6 +239,11 @@ class MySQLDedupStore(DedupStore):
         """At most this many connections are open."""
         return self._pool.size
 
+    @property
+    def pool_timeout(self) -> float:
+        """How long (seconds) an operation waits for a connection when all are busy."""
+        return self._pool.timeout
+
     def describe(self) -> str:
         return self._description
 
@@ -228,8 +251,17 @@ class MySQLDedupStore(DedupStore):
         return is_connection_error(exc)
 
     def wrap_error(self, exc: Exception) -> StoreError:
-        """Outages, lock conflicts and defects told apart (:mod:`.errors`)."""
-        return as_store_error(exc, self.describe())
+        """Refusals a person must fix (:meth:`misconfiguration`), outages, lock conflicts and
+        defects told apart (:mod:`.errors`)."""
+        return as_store_error(exc, self.describe(), self.misconfiguration(exc))
+
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """The GRANT to run, the login to fix or the server to point at, for a refusal
+        (:mod:`.privileges`: 1142 command denied, 1044/1045 access denied, 1290 read-only...)."""
+        code = refusal_code(exc)
+        if code is None:
+            return None
+        return explain(code, str(exc), self.table_name, self._account, self._database)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -241,6 +273,13 @@ class MySQLDedupStore(DedupStore):
                 f"{self._description}: the connection factory must return a DB-API "
                 f"connection; got {type_name(conn)}"
             )
+        if is_psycopg_connection(conn):  # a factory make_store could not tell from MySQL's
+            close_quietly(conn)
+            raise StoreError(
+                f"{self._description}: the connection factory returned a PostgreSQL "
+                "connection (psycopg): build PostgresDedupStore(factory), or pass "
+                "functools.partial(psycopg.connect, ...), which is recognised"
+            )
         try:
             prepare_connection(conn)
             if is_mysqlclient(conn):
@@ -249,26 +288,6 @@ class MySQLDedupStore(DedupStore):
         except BaseException:
             close_quietly(conn)
             raise
-
-    def _op(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(runner, *args)`` on a pooled connection and give it back. A connection
-        that raised is closed; after a lost connection (an outage error) the idle ones are
-        closed too and ``fn`` runs once more on a new one."""
-        pool = self._pool
-        for attempt in (1, 2):
-            runner = pool.take()
-            try:
-                result = fn(runner, *args)
-            except BaseException as exc:
-                pool.discard(runner)
-                if attempt == 2 or not isinstance(exc, Exception) or not is_connection_error(exc):
-                    raise
-                logger.warning("%s: connection failed (%s); reconnecting", self._description, exc)
-                pool.drain()
-                continue
-            pool.give(runner)
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def _run(runner: Runner, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
@@ -293,19 +312,27 @@ class MySQLDedupStore(DedupStore):
         ``<table>_outbox_lane``; see :mod:`rocketmq_dedup.outbox`), empty unless used."""
         for statement in schema_statements(self.table_name):
             self._call(self._op, self._run, statement, ())
-        if self.sequence_table_name is None:
-            logger.warning(
-                "%s: no sequence table (%s_seq would be longer than 64 characters); "
-                "the exactly-once mode's sequence guard is unavailable",
-                self._description,
-                self.table_name,
-            )
         if outbox_table_names(self.table_name) is None:
             logger.warning(
                 "%s: no outbox tables (%s_outbox_lane would be longer than 64 characters)",
                 self._description,
                 self.table_name,
             )
+        self._add_reason_column()
+        self.tables_created()
+
+    def _add_reason_column(self) -> None:
+        """A table made before FAILED records gets their reason's column (``CREATE TABLE IF
+        NOT EXISTS`` adds none to an existing table); without the ALTER privilege it is logged,
+        and the table keeps working without it."""
+        if REASON_COLUMN in self._call(self._columns):
+            return
+        try:
+            self._call(self._op, self._run, ADD_REASON_SQL.format(table=self._table), ())
+        except StoreError as exc:
+            logger.warning("%s (%s)", self._old_table_risk(), exc.__cause__ or exc)
+        else:
+            logger.info("%s: added the %s column", self._description, REASON_COLUMN)
 
     def purge_expired(
         self,
@@ -321,39 +348,33 @@ class MySQLDedupStore(DedupStore):
         rows only, never on a live row or a gap a claim could insert into. Run it from a cron
         job or a timer, off-peak for large tables. Each step takes a pooled connection and
         gives it back; ``progress(rows scanned, rows expired)`` is called after each step."""
-        if type(batch_size) is not int or batch_size < 1:
-            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
-        total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
-        while True:
-            step: Tuple[int, int, bytes] = self._call(
-                self._op, self._purge_step, after, batch_size, dry_run
-            )
-            expired, rows, after = step
-            total += expired
-            scanned += rows
-            if progress is not None:
-                progress(scanned, total)
-            if rows < batch_size:
-                return total
 
-    def _purge_step(
-        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
-    ) -> Tuple[int, int, bytes]:
-        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
-        rows = runner.run(self._sql["purge_scan"], (after, batch_size), True)
-        expired = [bytes(key) for key, is_expired in rows if is_expired]
-        count = len(expired)
-        if expired and not dry_run:
-            sql = PURGE_SQL.format(table=self._table, marks=", ".join(["%s"] * len(expired)))
-            count = int(runner.run(sql, expired, False))
-        return count, len(rows), bytes(rows[-1][0]) if rows else after
+        def step(after: bytes, size: int) -> PurgeStep:
+            batch: PurgeBatch = self._call(self._op, purge_step, self._table, after, size, dry_run)
+            return batch.deleted, batch.scanned, batch.last_key
+
+        return purge_in_key_order(step, batch_size, progress)
+
+    def purge_session(self) -> MySQLPurgeSession:
+        """A session of its own for the in-process purger (:class:`rocketmq_dedup.Purger`):
+        a new connection from the factory, outside the pool, that takes the table's purge
+        lock (``GET_LOCK``) and deletes expired rows in batches
+        (:mod:`rocketmq_dedup.stores.purge`)."""
+        return MySQLPurgeSession(self._open_runner, self.table_name, self._table, self.wrap_error)
 
     # -- I/O hooks -----------------------------------------------------------------------
 
     def do_check(self) -> None:
-        """Connect (or take a pooled connection) and run ``SELECT 1``; the table may not exist
+        """Connect (or take a pooled connection) and ask the server which account it matched
+        and the session's database (what a refusal's GRANT names); the table may not exist
         yet (``create_table()`` comes after)."""
-        self._op(self._run, CHECK_SQL, (), True)
+        account, database = self._op(self._run, ACCOUNT_SQL, (), True)[0]
+        self._account = grant_account(str(column_text(account)))
+        if database is not None:
+            self._database = str(column_text(database))
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return error_code(exc) == NO_SUCH_TABLE
 
     @staticmethod
     def _row(claim: Claim, digest: bytes, ms: int) -> List[Any]:
@@ -361,11 +382,19 @@ class MySQLDedupStore(DedupStore):
         return [*record_row(claim.element, digest), claim.owner, ms]
 
     def _select(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
-        """The live records of ``digests``, by digest (the one place rows become records)."""
+        """The live records of ``digests``, by digest."""
+        return {key: record for key, (record, _) in self._select_rows(runner, digests).items()}
+
+    def _select_rows(
+        self, runner: Runner, digests: Sequence[bytes]
+    ) -> Dict[bytes, Tuple[Record, int]]:
+        """The live records of ``digests`` and their claims since last settled
+        (``deliveries``), by digest (the one place rows become records)."""
         sql = SELECT_SQL.format(table=self._table, marks=", ".join(["%s"] * len(digests)))
         return {
-            bytes(row[0]): Record(
-                parse_status(column_text(row[1])), column_text(row[2]), max(0, int(row[3]))
+            bytes(row[0]): (
+                Record(parse_status(column_text(row[1])), column_text(row[2]), max(0, int(row[3]))),
+                int(row[4]),
             )
             for row in runner.run(sql, digests, True)
         }
@@ -423,25 +452,26 @@ class MySQLDedupStore(DedupStore):
         results: Dict[int, ClaimResult] = {}
         pending = list(range(len(claims)))
         for attempt in range(_CLAIM_ATTEMPTS):
-            records = self._select(runner, [digests[i] for i in pending])
+            rows = self._select_rows(runner, [digests[i] for i in pending])
             vanished = []
             for i in pending:
-                record = records.get(digests[i])
+                record, deliveries = rows.get(digests[i], (None, 0))
                 if record is None:
                     vanished.append(i)
                 elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
-                    results[i] = CLAIMED
+                    # ours: taken over (or written) by the upsert; the claims before it that
+                    # lapsed since the record was last settled
+                    results[i] = (
+                        ClaimResult(True, None, deliveries - 1) if deliveries > 1 else CLAIMED
+                    )
                 else:
                     results[i] = ClaimResult(False, record)
             pending = vanished
             if not pending or attempt == _CLAIM_ATTEMPTS - 1:
                 break
-            written = self._write(runner, CLAIM_SQL, claims, digests, pending, lease_ms)
-            if written == len(pending):
-                for i in pending:  # every row inserted (1 each; a takeover counts 2)
-                    results[i] = CLAIMED
-                pending = []
-                break
+            # The upsert's row count cannot say which rows it took (a live one is left
+            # unchanged: 0): the next pass reads them.
+            self._write(runner, CLAIM_SQL, claims, digests, pending, lease_ms)
         for i in pending:  # kept vanishing: leave it to a later retry
             results[i] = HELD_BY_OTHER
         return [results[i] for i in range(len(claims))]
@@ -470,6 +500,31 @@ class MySQLDedupStore(DedupStore):
         )
         runner.run(sql, params, False)
 
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        self._op(self._mark_failed, claim, retention_ms, reason)
+
+    def _mark_failed(self, runner: Runner, claim: Claim, retention_ms: int, reason: str) -> None:
+        row = self._row(claim, element_digest(claim.element), retention_ms)
+        try:
+            runner.run(MARK_FAILED_SQL.format(table=self._table), [*row, reason], False)
+        except Exception as exc:
+            if error_code(exc) != MISSING_COLUMN:
+                raise
+            self._no_reason_column(exc)
+            runner.run(MARK_FAILED_SQL_NO_REASON.format(table=self._table), row, False)
+
+    def _no_reason_column(self, exc: BaseException) -> None:
+        """A table made before FAILED records (no reason column): the record is written
+        without its reason; the log says what adds the column."""
+        _old_table_log.log(
+            logging.WARNING,
+            "%s has no %s column (%s): FAILED records are written without their reason; add it: %s",
+            self._description,
+            REASON_COLUMN,
+            exc,
+            ADD_REASON_SQL.format(table=self._table),
+        )
+
     def do_release(self, claim: Claim) -> bool:
         return self._op(self._delete_claims, [claim]) == 1
 
@@ -494,13 +549,26 @@ class MySQLDedupStore(DedupStore):
 
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         digests = [element_digest(e) for e in elements]
-        records = self._op(self._select, digests)
-        return [
-            found._replace(element=element) if found is not None else None
-            for found, element in (
-                (records.get(d), e) for d, e in zip(digests, elements, strict=True)
-            )
-        ]
+        return records_of(elements, digests, self._op(self._select_with_reasons, digests))
+
+    def _select_with_reasons(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """:meth:`_select`, and the reasons of the FAILED records among them (one more
+        statement, only when there are some; none on a table without the column)."""
+        records = self._select(runner, digests)
+        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        if failed:
+            sql = REASONS_SQL.format(table=self._table, marks=", ".join(["%s"] * len(failed)))
+            try:
+                reasons = runner.run(sql, failed, True)
+            except Exception as exc:
+                if error_code(exc) != MISSING_COLUMN:
+                    raise
+                self._no_reason_column(exc)
+                reasons = []
+            for key, reason in reasons:
+                key = bytes(key)
+                records[key] = records[key]._replace(reason=column_text(reason))
+        return records
 
     # -- operator hooks ------------------------------------------------------------------
 
@@ -508,36 +576,48 @@ class MySQLDedupStore(DedupStore):
         return self._op(self._run, sql.format(table=self._table), params, True)
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
-        record = self.do_read(element)
-        if record is None or record.status is None:
-            return None
-        if record.status is DedupStatus.CONSUMED and not force:
+        status = deletable(self.do_read(element), force)
+        if status is None:
             return None
         sql = DELETE_SQL.format(table=self._table)
-        params = (element_digest(element), record.status.value)
-        deleted = self._op(self._run, sql, params)
-        return record.status if deleted else None
+        deleted = self._op(self._run, sql, (element_digest(element), status.value))
+        return status if deleted else None
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
         app = readable(application)
         counts = {str(column_text(s)): int(n) for s, n in self._query(STATS_SQL, (app,))}
         claims = [_listed(row) for row in self._query(CLAIMS_SQL, (app,))]
-        return StoreStats(counts, oldest_claims(claims, limit))
+        oldest = [_listed(row) for row in self._query(OLDEST_CONSUMED_SQL, (app,))]
+        return StoreStats(counts, oldest_claims(claims, limit), oldest[0] if oldest else None)
+
+    def _columns(self) -> Dict[str, str]:
+        """The table's columns and their keys (none: no such table)."""
+        schema, _, table = self.table_name.rpartition(".")
+        rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
+        return {str(column_text(name)): str(column_text(key)) for name, key in rows}
+
+    def _old_table_diagnosis(self) -> Diagnosis:
+        """A table made before FAILED records: it works, but keeps no reasons (a warning)."""
+        return Diagnosis("table", True, self._old_table_risk(), warning=True)
+
+    def _old_table_risk(self) -> str:
+        return (
+            f"{self.table_name} has no {REASON_COLUMN} column (made by an earlier version): "
+            "FAILED records (PermanentFailure, parked poison messages) are written without "
+            f"their reason; add it: {ADD_REASON_SQL.format(table=self._table)}"
+        )
+
+    def do_risks(self) -> List[str]:
+        """A table made before FAILED records (no reason column)."""
+        columns = self._columns()
+        return [self._old_table_risk()] if columns and REASON_COLUMN not in columns else []
 
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []
-        begin = time.perf_counter()
         version = str(column_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
         checks.append(Diagnosis("server", True, f"version {version}"))
-        times = []
-        for _ in range(5):
-            begin = time.perf_counter()
-            self._op(self._run, CHECK_SQL, (), True)
-            times.append(time.perf_counter() - begin)
-        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
-        schema, _, table = self.table_name.rpartition(".")
-        rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
-        columns = {str(column_text(name)): str(column_text(key)) for name, key in rows}
+        checks.append(latency(lambda: self._op(self._run, CHECK_SQL, (), True)))
+        columns = self._columns()
         if not columns:
             checks.append(
                 Diagnosis("table", False, f"{self.table_name} does not exist: create_table()")
@@ -548,11 +628,17 @@ class MySQLDedupStore(DedupStore):
             checks.append(Diagnosis("table", False, f"missing column(s): {', '.join(missing)}"))
         elif columns.get("dedup_key") != "PRI":
             checks.append(Diagnosis("table", False, "dedup_key is not the primary key"))
+        elif REASON_COLUMN not in columns:
+            checks.append(self._old_table_diagnosis())
         else:
             checks.append(
                 Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
             )
         return checks
+
+
+#: The warning that a table has no reason column, at most once a minute per process.
+_old_table_log = RateLimitedLog(logger, interval=60.0)
 
 
 def _listed(row: Sequence[Any]) -> Record:
