@@ -39,7 +39,7 @@ def outbox_of(store: DedupStore) -> Outbox:
     try:
         return Outbox(store)
     except DedupConfigError as exc:
-        raise UsageProblem(f"{store.describe()} has no outbox (MySQL only): {exc}") from exc
+        raise UsageProblem(str(exc)) from exc
 
 
 # -- relay -----------------------------------------------------------------------------------------

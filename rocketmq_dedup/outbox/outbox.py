@@ -18,6 +18,7 @@ from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.errors import DedupConfigError, OutboxMessageError
 from rocketmq_dedup.metrics import DedupMetrics
 from rocketmq_dedup.outbox.message import MAX_BODY_BYTES, make_message
+from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.stores.outbox import OutboxTables
 from rocketmq_dedup.stores.transaction import current_transaction
 
@@ -40,6 +41,24 @@ def outbox_tables_of(store: Any) -> Optional[OutboxTables]:
     return tables if isinstance(tables, OutboxTables) else None
 
 
+def unsupported_store(store: Any, source: Any) -> str:
+    """Why ``store`` (of ``source``) cannot hold an outbox: only MySQL/MariaDB's store has
+    outbox tables for now."""
+    from rocketmq_dedup.stores.postgres import PostgresDedupStore
+
+    if isinstance(store, PostgresDedupStore):
+        return (
+            "the outbox supports only MySQL/MariaDB for now: a PostgreSQL store has no outbox "
+            f"tables yet ({store.describe()}); send after the commit, or keep the handlers' "
+            "database on MySQL/MariaDB for the messages they send"
+        )
+    what = store.describe() if isinstance(store, DedupStore) else repr(source)
+    return (
+        "the outbox supports only MySQL/MariaDB for now: it needs a DedupConfig (or a store) "
+        f"on MySQL/MariaDB, the database the handlers write to; got {what}"
+    )
+
+
 class Outbox:
     """Messages sent through the handler's transaction (module docstring).
 
@@ -47,6 +66,8 @@ class Outbox:
         send (its MySQL store: the outbox is ``<table>_outbox`` in the same database, created
         by ``create_table()``), or such a store itself (a producer-side application without a
         listener: ``Outbox(MySQLDedupStore(connect))``).
+    :raises DedupConfigError: the store is not MySQL/MariaDB's: the outbox supports only
+        MySQL/MariaDB for now (a PostgreSQL store has no outbox tables yet).
     :param max_body_bytes: the largest body :meth:`send` takes (default 4 MiB, the broker's
         default limit).
     """
@@ -56,10 +77,7 @@ class Outbox:
         store = source.persist if config is not None else source
         tables = outbox_tables_of(store)
         if tables is None:
-            raise DedupConfigError(
-                "the outbox needs a DedupConfig (or a store) on MySQL/MariaDB, the database the "
-                f"handlers write to; got {source!r}"
-            )
+            raise DedupConfigError(unsupported_store(store, source))
         if type(max_body_bytes) is not int or max_body_bytes < 1:
             raise DedupConfigError(f"max_body_bytes must be a positive int; got {max_body_bytes!r}")
         self.tables: OutboxTables = tables

@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 
 import pytest
 
-from rocketmq_dedup import DedupConfigError
+from rocketmq_dedup import DedupConfig, DedupConfigError, MemoryDedupStore
 from rocketmq_dedup.errors import OutboxMessageError
 from rocketmq_dedup.outbox import (
     MESSAGE_KEY_PROPERTY,
@@ -294,3 +294,28 @@ def test_a_relay_needs_an_outbox_and_an_outbox_a_store_with_one() -> None:
         Outbox(object())
     with pytest.raises(DedupConfigError, match="max_body_bytes"):
         Outbox(NoStore(), max_body_bytes=0)
+
+
+def test_an_outbox_on_a_postgresql_store_is_refused_naming_mysql_as_the_only_database_for_now() -> (
+    None
+):
+    """Outbox(config) on a PostgreSQL store (no server needed: nothing connects) raises a
+    DedupConfigError that says only MySQL/MariaDB is supported for now and names PostgreSQL."""
+    from tests.support import pg_connect
+
+    config = DedupConfig.enable_dedup_consume_config("app", pg_connect(), check_store=False)
+    with pytest.raises(DedupConfigError) as refused:
+        Outbox(config)
+    said = str(refused.value)
+    assert "supports only MySQL/MariaDB for now" in said
+    assert "a PostgreSQL store has no outbox tables yet" in said
+    with pytest.raises(DedupConfigError, match="PostgreSQL store has no outbox tables yet"):
+        Outbox(config.persist)
+
+
+def test_an_outbox_on_a_store_that_is_no_database_is_refused_naming_the_store() -> None:
+    """A Redis or memory store cannot hold rows in the handler's transaction: refused, the
+    message naming the store and the one database supported."""
+    config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
+    with pytest.raises(DedupConfigError, match=r"only MySQL/MariaDB for now.*got MemoryDedupStore"):
+        Outbox(config)
