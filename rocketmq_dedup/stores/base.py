@@ -18,7 +18,8 @@ store that answers fewer is a defect, never a message run without dedup).
 The start-up check (:func:`rocketmq_dedup.stores.check_usable`) reaches the store
 (:meth:`DedupStore.check`), proves a server store can claim and release
 (:meth:`DedupStore.prove_writes`: probe records through the store's own write path) and logs
-what puts its records at risk (:meth:`DedupStore.risks`).
+what puts its records at risk (:meth:`DedupStore.risks`). What operators ask of a store
+(inspect, release, stats, check) is an API apart: :mod:`rocketmq_dedup.stores.operations`.
 
 Contract every store honours (tested in ``tests/shared/store_contract.py``):
 
@@ -41,11 +42,9 @@ from __future__ import annotations
 
 import abc
 import logging
-import time
 from typing import (
     Any,
     Callable,
-    Dict,
     List,
     NamedTuple,
     Optional,
@@ -62,7 +61,7 @@ from rocketmq_dedup.errors import (
     StoreUnavailableError,
 )
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.owner import claimed_at, new_owner_token
+from rocketmq_dedup.owner import new_owner_token
 from rocketmq_dedup.status import DedupStatus
 
 T = TypeVar("T")
@@ -142,30 +141,6 @@ class ClaimResult(NamedTuple):
     def holder(self) -> Optional[str]:
         """When not claimed: the owner token of the record in the way, if reported."""
         return self.record.owner if self.record is not None else None
-
-
-class StoreStats(NamedTuple):
-    """Live records of one application, by status, its longest-held claims, and its oldest
-    CONSUMED record."""
-
-    counts: Dict[str, int]
-    """Records by status (``CONSUMING``, ``CONSUMED``; ``other`` for unreadable values)."""
-    oldest_claims: List[Record]
-    """CONSUMING records, longest held first (claims made by this library carry their time)."""
-    oldest_consumed: Optional[Record] = None
-    """The CONSUMED record with the least time left (the oldest, when every record has the
-    same retention: its age is the retention less its time left, or its owner token's time);
-    None when there is none."""
-
-
-class Diagnosis(NamedTuple):
-    """One check of ``rocketmq-dedup check``."""
-
-    name: str
-    ok: bool
-    detail: str
-    warning: bool = False
-    """Passed, but names a setting that puts records at risk (a Redis that evicts keys)."""
 
 
 # -- per-message values, built without the class call ---------------------------------------
@@ -324,37 +299,6 @@ class DedupStore(abc.ABC):
             logger.info("%s: could not read the server's settings (%s)", self.describe(), exc)
             return []
 
-    # -- operator API (the CLI) ---------------------------------------------------------
-
-    def delete(self, element: DedupElement, force: bool = False) -> Optional[DedupStatus]:
-        """Delete the live record of ``element`` if it is CONSUMING (a stuck claim; any owner),
-        or whatever it is with ``force``. Returns the status of the record deleted, or None
-        when nothing was deleted (no record; or CONSUMED without ``force``)."""
-        return self._call(self.do_delete, element, force)
-
-    def stats(self, application: str, limit: int = 10) -> StoreStats:
-        """Live records of ``application`` by status, and its ``limit`` longest-held claims."""
-        return self._call(self.do_stats, application, limit)
-
-    def diagnose(self, application: str = PROBE_APPLICATION) -> List[Diagnosis]:
-        """Checks of the server and the features this store uses (version, scripts, table
-        layout, round-trip time) and, when they pass, of its writes
-        (:meth:`prove_writes` in ``application``'s key space), for ``rocketmq-dedup check``."""
-        checks = self._call(self.do_diagnose)
-        # (after a failed check, e.g. a missing table, the probe would only repeat it)
-        if self.proves_writes and all(check.ok for check in checks):
-            checks.append(self._writes_diagnosis(application))
-        return checks
-
-    def _writes_diagnosis(self, application: str) -> Diagnosis:
-        try:
-            self.prove_writes(application)
-        except StoreMisconfiguredError as exc:
-            return Diagnosis("writes", False, f"{exc.fix} ({exc.__cause__ or exc})")
-        except StoreError as exc:
-            return Diagnosis("writes", False, str(exc.__cause__ or exc))
-        return Diagnosis("writes", True, "claimed, renewed, read and released probe records")
-
     def describe(self) -> str:
         """Where the records live, for messages (an address; never a password)."""
         return type(self).__name__
@@ -479,17 +423,6 @@ class DedupStore(abc.ABC):
         """Settings that put records at risk (see :meth:`risks`); the default knows none."""
         return []
 
-    def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
-        raise NotImplementedError(f"{type(self).__name__} cannot delete records")
-
-    def do_stats(self, application: str, limit: int) -> StoreStats:
-        raise NotImplementedError(f"{type(self).__name__} cannot list records")
-
-    def do_diagnose(self) -> List[Diagnosis]:
-        begin = time.perf_counter()
-        self.do_check()
-        return [Diagnosis("reachable", True, round_trip(time.perf_counter() - begin))]
-
 
 class PerElementStore(DedupStore):
     """A store whose batch hooks loop over its single-element hooks (memory, user stores):
@@ -513,41 +446,6 @@ class PerElementStore(DedupStore):
 
     def do_release_many(self, claims: Sequence[Claim]) -> int:
         return sum(bool(self.do_release(claim)) for claim in claims)
-
-
-def round_trip(seconds: float) -> str:
-    """A round-trip time for a diagnosis line."""
-    return f"round trip {seconds * 1000:.2f} ms"
-
-
-def oldest_claims(records: List[Record], limit: int) -> List[Record]:
-    """The CONSUMING records among ``records``, longest held first (then least time left)."""
-    claims = [r for r in records if r.status is DedupStatus.CONSUMING]
-    claims.sort(key=lambda r: (claimed_at(r.owner or "") or float("inf"), r.expires_in_ms or 0))
-    return claims[:limit]
-
-
-def oldest_consumed(records: List[Record]) -> Optional[Record]:
-    """The CONSUMED record among ``records`` with the least time left, or None."""
-    consumed = [r for r in records if r.status is DedupStatus.CONSUMED]
-    return min(consumed, key=lambda r: r.expires_in_ms or 0, default=None)
-
-
-def records_stats(records: List[Record], limit: int) -> StoreStats:
-    """:class:`StoreStats` of the listed ``records`` of one application (the stores that list
-    every record: Redis, memory)."""
-    return StoreStats(
-        count_statuses(records), oldest_claims(records, limit), oldest_consumed(records)
-    )
-
-
-def count_statuses(records: List[Record]) -> Dict[str, int]:
-    """Records by status value (``other`` for unreadable ones)."""
-    counts: Dict[str, int] = {}
-    for record in records:
-        name = record.status.value if record.status is not None else "other"
-        counts[name] = counts.get(name, 0) + 1
-    return counts
 
 
 def parse_status(value: Optional[str]) -> Optional[DedupStatus]:

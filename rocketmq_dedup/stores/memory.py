@@ -14,10 +14,9 @@ from rocketmq_dedup.stores.base import (
     ClaimResult,
     PerElementStore,
     Record,
-    StoreStats,
-    records_stats,
     refused_by,
 )
+from rocketmq_dedup.stores.operations import StoreOperations, StoreStats, records_stats
 
 #: A record: (state, owner, expires at in clock seconds, lapsed claims, reason), kept under its
 #: element's fields as a plain tuple. None holds anything the cyclic GC tracks (ints, str, float,
@@ -37,7 +36,7 @@ _STATUS = (DedupStatus.CONSUMING, DedupStatus.CONSUMED, DedupStatus.FAILED)
 SWEEP_MIN_GROWTH = 1024
 
 
-class MemoryDedupStore(PerElementStore):
+class MemoryDedupStore(PerElementStore, StoreOperations):
     """Keeps records in a dict. Not shared between processes; records vanish on exit. Expired
     records are dropped as new ones arrive, so the size is bounded by the live records.
 

@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import DedupStatus
-from rocketmq_dedup.stores.base import Claim, DedupStore, Diagnosis, Record, round_trip
+from rocketmq_dedup.stores.base import Claim, Record
+from rocketmq_dedup.stores.operations import Diagnosis, OperatedStore, round_trip
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def latency(check: Callable[[], Any]) -> Diagnosis:
     return Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)")
 
 
-class SqlTables(DedupStore):
+class SqlTables(OperatedStore):
     """Mixed into a SQL store (before :class:`DedupStore`): what follows its tables.
 
     * The start-up check's write proof (:meth:`DedupStore.prove_writes`) when the table does

@@ -20,8 +20,8 @@ import redis
 
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, DedupStatus
 from rocketmq_dedup.dlq import read_dead_letters
+from rocketmq_dedup.dlq.remoting import RemotingClient
 from rocketmq_dedup.message import message_body, message_id, message_keys
-from rocketmq_dedup.remoting import RemotingClient
 from tests.support import REDIS_URL, ROCKETMQ_NAMESRV, wait_for
 
 FAIL = b"fail"

@@ -15,8 +15,8 @@ from typing import Any, List
 import pytest
 
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, MemoryDedupStore
+from rocketmq_dedup.dlq.remoting import RemotingClient
 from rocketmq_dedup.message import reconsume_times
-from rocketmq_dedup.remoting import RemotingClient
 from tests.e2e.clients import Producer, start_push_consumer
 from tests.e2e.harness import rocketmq_script
 from tests.support import ROCKETMQ_NAMESRV, wait_for

@@ -23,8 +23,7 @@ from rocketmq_dedup.dlq import (
     read_dead_letters,
     resend_properties,
 )
-from rocketmq_dedup.errors import BrokerError
-from rocketmq_dedup.remoting import (
+from rocketmq_dedup.dlq.remoting import (
     Command,
     QueueData,
     RemotingClient,
@@ -37,6 +36,7 @@ from rocketmq_dedup.remoting import (
     parse_properties,
     quote_int_keys,
 )
+from rocketmq_dedup.errors import BrokerError
 
 MAGIC_V1, MAGIC_V2 = -626843481, -626843477
 

@@ -16,10 +16,7 @@ from rocketmq_dedup.stores.base import (
     Claim,
     ClaimResult,
     DedupStore,
-    Diagnosis,
     Record,
-    StoreStats,
-    oldest_claims,
     parse_status,
 )
 from rocketmq_dedup.stores.mysql.connection import (
@@ -76,6 +73,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     validate_table_name,
 )
 from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
+from rocketmq_dedup.stores.operations import Diagnosis, StoreStats, oldest_claims
 from rocketmq_dedup.stores.postgres.connections import is_psycopg_connection
 from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (

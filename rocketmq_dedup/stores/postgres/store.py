@@ -17,16 +17,8 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
-from rocketmq_dedup.stores.base import (
-    CLAIMED,
-    Claim,
-    ClaimResult,
-    DedupStore,
-    Diagnosis,
-    Record,
-    StoreStats,
-    oldest_claims,
-)
+from rocketmq_dedup.stores.base import CLAIMED, Claim, ClaimResult, DedupStore, Record
+from rocketmq_dedup.stores.operations import Diagnosis, StoreStats, oldest_claims
 from rocketmq_dedup.stores.postgres import connections
 from rocketmq_dedup.stores.postgres.connections import (
     Connections,

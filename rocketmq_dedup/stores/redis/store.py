@@ -53,14 +53,11 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.message import DedupElement, to_text
 from rocketmq_dedup.status import DedupStatus
-from rocketmq_dedup.stores.base import (
-    Claim,
-    ClaimResult,
-    DedupStore,
+from rocketmq_dedup.stores.base import Claim, ClaimResult, Record, parse_status
+from rocketmq_dedup.stores.operations import (
     Diagnosis,
-    Record,
+    OperatedStore,
     StoreStats,
-    parse_status,
     records_stats,
     round_trip,
 )
@@ -114,7 +111,7 @@ def is_redis_client(client: object) -> bool:
     return isinstance(client, (redis.Redis, RedisCluster))
 
 
-class RedisDedupStore(DedupStore):
+class RedisDedupStore(OperatedStore):
     """Dedup records in Redis.
 
     :param client: a ``redis.Redis`` (plain, Sentinel, TLS, unix socket) or a

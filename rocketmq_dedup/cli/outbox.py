@@ -14,7 +14,13 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import click
 
-from rocketmq_dedup.cli import UsageProblem, duration, print_table, store_options
+from rocketmq_dedup.cli._options import (
+    UsageProblem,
+    duration,
+    print_columns,
+    print_table,
+    store_options,
+)
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.outbox.outbox import Outbox
 from rocketmq_dedup.status import OutboxStatus
@@ -194,13 +200,6 @@ def listed_lines(rows: Sequence[ListedRow]) -> List[Tuple[str, ...]]:
     return lines
 
 
-def echo_columns(lines: Sequence[Tuple[str, ...]]) -> None:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    for n, line in enumerate(lines):
-        text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
-        click.echo("  " + (click.style(text.rstrip(), bold=True) if n == 0 else text.rstrip()))
-
-
 @outbox.command("list")
 @store_options
 @click.option(
@@ -225,7 +224,7 @@ def list_rows(store: DedupStore, status: Optional[str], limit: int, after_id: in
     wanted = None if status is None else OutboxStatus(status.upper())
     rows = box.tables.rows(wanted, limit, after_id)
     if rows:
-        echo_columns(listed_lines(rows))
+        print_columns(listed_lines(rows))
 
 
 def ids_or_usage(ids: Sequence[int], every: bool, every_flag: str) -> Optional[List[int]]:
@@ -279,10 +278,4 @@ def purge(store: DedupStore, older_than: str, batch_size: int) -> None:
     )
 
 
-def register(cli: click.Group) -> None:
-    """Add the outbox's commands to ``rocketmq-dedup``."""
-    cli.add_command(relay)
-    cli.add_command(outbox)
-
-
-__all__ = ["register", "seconds"]
+__all__ = ["outbox", "relay", "seconds"]

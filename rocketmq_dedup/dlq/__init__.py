@@ -3,7 +3,7 @@
 to the topic they came from. What ``rocketmq-dedup dlq`` shows and does.
 
 * Reading (:func:`read_dead_letters`): a browse of every queue of ``%DLQ%<group>`` through the
-  remoting protocol (:mod:`rocketmq_dedup.remoting`: why not a client), which consumes nothing.
+  remoting protocol (:mod:`rocketmq_dedup.dlq.remoting`: why not a client), which consumes nothing.
   The topic exists from the group's first dead letter on; RocketMQ 5 creates it readable
   (perm 6), older brokers write-only (perm 2), which is reported with the command that fixes it.
 * Where a dead letter came from (:func:`origin_topic`): the broker keeps no field for it. It
@@ -26,9 +26,9 @@ from __future__ import annotations
 import enum
 from typing import Dict, List, NamedTuple, Optional
 
+from rocketmq_dedup.dlq.remoting import PERM_READ, RemotingClient, Route, StoredMessage
 from rocketmq_dedup.errors import BrokerError
 from rocketmq_dedup.message import UNIQ_KEY_PROPERTY, DedupElement, message_keys
-from rocketmq_dedup.remoting import PERM_READ, RemotingClient, Route, StoredMessage
 
 DLQ_PREFIX = "%DLQ%"
 RETRY_PREFIX = "%RETRY%"

@@ -1,7 +1,7 @@
 """``rocketmq-dedup dlq``: a consumer group's dead letters with their dedup records, and their
 resend (:mod:`rocketmq_dedup.dlq` says how each is read, looked up and resent). Needs the name
 server's address and, for the records, the store (``--redis``/``--mysql``) and the
-application name; no RocketMQ client is needed (:mod:`rocketmq_dedup.remoting`)."""
+application name; no RocketMQ client is needed (:mod:`rocketmq_dedup.dlq.remoting`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import click
 
-from rocketmq_dedup.cli import UsageProblem, duration, print_table, record_rows, store_options
+from rocketmq_dedup.cli._options import (
+    UsageProblem,
+    duration,
+    print_columns,
+    print_table,
+    record_rows,
+    store_options,
+)
 from rocketmq_dedup.dlq import (
     DeadLetter,
     KeyBy,
@@ -21,9 +28,10 @@ from rocketmq_dedup.dlq import (
     read_dead_letters,
     resend_properties,
 )
+from rocketmq_dedup.dlq.remoting import RemotingClient
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.remoting import RemotingClient
-from rocketmq_dedup.stores.base import DedupStore, Record
+from rocketmq_dedup.stores.base import Record
+from rocketmq_dedup.stores.operations import OperatedStore
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 _BODY_PREVIEW = 200
@@ -43,7 +51,7 @@ class Context:
         self,
         namesrv: str,
         group: str,
-        store: Optional[DedupStore],
+        store: Optional[OperatedStore],
         app: Optional[str],
         rule: KeyRule,
     ) -> None:
@@ -109,7 +117,7 @@ def dlq_options(function: Callable[..., Any]) -> Callable[..., Any]:
     def with_context(
         namesrv: str,
         group: str,
-        store: Optional[DedupStore],
+        store: Optional[OperatedStore],
         app: Optional[str],
         key: str,
         key_property: Optional[str],
@@ -150,14 +158,6 @@ def dlq_options(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
-
-
-def print_columns(lines: List[Tuple[str, ...]]) -> None:
-    """Aligned columns, the first line bold."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    for n, line in enumerate(lines):
-        text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
-        click.echo("  " + (click.style(text.rstrip(), bold=True) if n == 0 else text.rstrip()))
 
 
 @click.group()
