@@ -1,6 +1,6 @@
 """Fixtures of the outbox's integration tests: a dedup table (and its outbox) per module, every
-driver of the exactly-once mode, a business table per test. Real MariaDB; the broker is the e2e
-tests' (tests/e2e/test_e2e_outbox.py)."""
+MySQL driver of the exactly-once mode, a business table per test. Real MariaDB; the broker is
+the e2e tests' (tests/e2e/test_e2e_outbox.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rocketmq_dedup import DedupConfig
 from rocketmq_dedup.outbox import Outbox
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from tests.integration.exactly_once.support import (
-    DRIVERS,
+    MYSQL_DRIVERS,
     EffectTable,
     dispose,
     make_client,
@@ -32,8 +32,10 @@ def table() -> Iterator[str]:
     drop_tables(name)
 
 
-@pytest.fixture(params=DRIVERS)
+@pytest.fixture(params=MYSQL_DRIVERS)
 def driver(request: pytest.FixtureRequest) -> str:
+    """Every MySQL driver of the exactly-once mode (the outbox is on MySQL/MariaDB only for now:
+    PostgreSQL's refusal is test_outbox_postgres.py's)."""
     return str(request.param)
 
 

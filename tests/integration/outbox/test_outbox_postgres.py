@@ -5,21 +5,30 @@ from __future__ import annotations
 
 import pytest
 
-from rocketmq_dedup import DedupConfig, DedupConfigError
+from rocketmq_dedup import DedupConfigError
 from rocketmq_dedup.cli import main
 from rocketmq_dedup.outbox import Outbox
-from tests.support import PG_DSN, pg_connect
+from tests.integration.exactly_once.support import PG_DRIVERS, dispose, make_client, make_config
+from tests.support import PG_DSN
 
 
-def test_an_outbox_on_a_reachable_postgresql_store_is_refused_naming_mysql() -> None:
-    """A checked PostgreSQL config (the server answers): Outbox(config) raises DedupConfigError
-    naming MySQL/MariaDB as the one database supported for now."""
-    config = DedupConfig.enable_dedup_consume_config("outbox-pg", pg_connect())
+@pytest.mark.parametrize("driver", PG_DRIVERS)
+def test_an_outbox_on_a_postgresql_store_is_refused_naming_mysql_on_every_driver(
+    driver: str, table: str
+) -> None:
+    """A PostgreSQL config of each source (factory, psycopg_pool pool, SQLAlchemy engine), its
+    server checked: Outbox(config) raises DedupConfigError naming MySQL/MariaDB as the one
+    database supported for now and the PostgreSQL store."""
+    client = make_client(driver)
+    config = make_config(client, table)
     try:
-        with pytest.raises(DedupConfigError, match="supports only MySQL/MariaDB for now"):
+        with pytest.raises(DedupConfigError) as refused:
             Outbox(config)
+        said = str(refused.value)
+        assert "supports only MySQL/MariaDB for now" in said and "PostgreSQL store" in said
     finally:
         config.close()
+        dispose(client)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The outbox's rows commit with the handler's transaction, or never (real MariaDB, every driver
-of the exactly-once mode); the relay of the process is woken by the commit."""
+"""The outbox's rows commit with the handler's transaction, or never (real MariaDB, every MySQL
+driver of the exactly-once mode); the relay of the process is woken by the commit."""
 
 from __future__ import annotations
 
