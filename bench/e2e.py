@@ -95,11 +95,12 @@ class E2ECase(Case):
         consumer.start()
         return consumer
 
-    def send(self, body: bytes, keys: str) -> None:
+    def send(self, body: bytes, keys: str, tag: Optional[str] = None) -> None:
+        """Send one message (the repetition's tag, or ``tag``); a refused send is retried."""
         from rocketmq.client import Message, SendStatus
 
         msg = Message(TOPIC)
-        msg.set_tags(self.tag)
+        msg.set_tags(tag or self.tag)
         msg.set_keys(keys)
         msg.set_body(body)
         for attempt in range(1, SEND_ATTEMPTS + 1):

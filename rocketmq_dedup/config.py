@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import math
 from typing import (
     Any,
     Callable,
     Dict,
     Generic,
+    List,
     Optional,
     Type,
     TypeVar,
@@ -38,6 +40,8 @@ from rocketmq_dedup.status import (
 )
 from rocketmq_dedup.stores import STORE_OPTIONS, check_usable, make_store
 from rocketmq_dedup.stores.base import DedupStore
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -393,6 +397,7 @@ class DedupConfig:
         self._values: Dict[str, Any] = {}
         self._used: Dict[str, Any] = {}
         self._snapshot: Optional[Snapshot] = None
+        self._on_close: List[Callable[[], None]] = []
         self.application_name = application_name
         #: Where the records live (None with dedup disabled); ``persist``, the Java name.
         self.store: Optional[DedupStore] = persist if enabled else None
@@ -496,9 +501,22 @@ class DedupConfig:
 
     # -- lifecycle -----------------------------------------------------------------------
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Have ``callback()`` called when this config closes (``listener.close()`` closes
+        it), before the store's connections are: an outbox relay started on the config stops
+        then. Called once; one that raises is logged."""
+        self._on_close.append(callback)
+
     def close(self) -> None:
-        """Close the connections the store opened itself (never the user's client). The store
-        reconnects if it is used again."""
+        """Close what was started on this config (:meth:`on_close`) and the connections the
+        store opened itself (never the user's client). The store reconnects if it is used
+        again."""
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                logger.exception("closing %r with its config failed", callback)
         if self.store is not None:
             self.store.close()
 

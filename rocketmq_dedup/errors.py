@@ -93,6 +93,12 @@ class TransactionMisuseError(DedupError):
     gives that connection to another message."""
 
 
+class OutboxMessageError(DedupError, ValueError):
+    """:meth:`Outbox.send <rocketmq_dedup.outbox.Outbox.send>` refused a message before writing
+    it: a topic, tag, key, property or sharding key the brokers would refuse, an empty or too
+    large body, a connection that is not in a transaction. Nothing was written."""
+
+
 class BrokerError(DedupError):
     """The RocketMQ name server or broker could not be reached, or refused a request of the
     operator's dead-letter tool (``rocketmq-dedup dlq``): the message says which and why."""

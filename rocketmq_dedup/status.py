@@ -129,3 +129,17 @@ class Outcome(enum.StrEnum):
     """A duplicate key whose payload fingerprint differs from the first copy's: answered as the
     duplicate it claims to be with ``payload_mismatch="warn"`` (the default), RECONSUME_LATER
     with ``"reject"`` (it ends in the DLQ for a human to look at)."""
+
+
+class OutboxStatus(enum.StrEnum):
+    """The state of a row of the outbox (:mod:`rocketmq_dedup.outbox`)."""
+
+    PENDING = "PENDING"
+    """Written, not sent yet: waiting for a relay (or for its backoff after a failed send)."""
+    SENT = "SENT"
+    """The broker acknowledged it; kept until ``outbox purge`` removes it."""
+    PARKED = "PARKED"
+    """The broker refused it for good (or kept failing): not retried until an operator says so
+    (``outbox retry``); the rows of its sharding key wait behind it."""
+    DROPPED = "DROPPED"
+    """Given up by an operator (``outbox drop``): never sent; the rows behind it go on."""

@@ -70,7 +70,7 @@ RETRY_MAX="${ROCKETMQ_DEDUP_RETRY_MAX:-16}"
 # the topics and groups that the tests, the demo, the bench, the samples (samples/) and the
 # README's quick starts use, created at `up` so that a first consumer does not wait for
 # auto-creation
-BASE_TOPICS="TEST-TOPIC ORDER-TOPIC DEDUP-E2E-CLASSIC DEDUP-E2E-GRPC DEDUP-DEMO DEDUP-BENCH"
+BASE_TOPICS="TEST-TOPIC ORDER-TOPIC SHIP-TOPIC DEDUP-E2E-CLASSIC DEDUP-E2E-GRPC DEDUP-DEMO DEDUP-BENCH"
 DEFAULT_GROUPS="dedup-e2e-classic dedup-e2e-grpc dedup-demo dedup-bench dedup-sample"
 DEFAULT_GROUPS+=" order-consumer-group order-group"
 TOPICS="$BASE_TOPICS ${ROCKETMQ_DEDUP_TOPICS:-}"

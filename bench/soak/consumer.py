@@ -36,6 +36,13 @@ plain listener (no dedup record, no library code but the 5.x client's status ada
 answers ``consumed`` or ``failed``. ``options`` (settings) go to the mode's ``DedupConfig``.
 The slot's ``kind``: ``classic`` (push), ``orderly`` (the classic orderly consumer) or ``grpc``
 (the 5.x ``PushConsumer``).
+
+``outbox`` (issue 35), by ``role``: ``upstream`` is the exactly-once listener on A whose
+handler also sends B through the outbox (sharding key: a lane of 8 keys), with a relay in the
+process (its slot's client: classic, or 5.x for ``grpc``); ``relay`` a relay alone (classic);
+``downstream`` the exactly-once listener on B keyed on the outbox's message key, its effect a
+``soak_b_effects`` row. Relays write ``b_sent <broker id>`` and B's consumers ``b_answer
+ack|later`` to the B evidence file (``b_evidence``).
 """
 
 from __future__ import annotations
@@ -51,18 +58,24 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import redis
 
-from bench.soak.plan import fails_first, handler_ms
+from bench.soak.outbox import b_key
+from bench.soak.plan import fails_first, handler_ms, key_index
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, TransactionalDedupListener
 from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.message import message_id, message_keys, reconsume_times
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
+from rocketmq_dedup.outbox import Outbox, OutboxMessage, OutboxRelay, outbox_message_key
+from rocketmq_dedup.outbox.senders import Sender, sender_for
 from rocketmq_dedup.status import ConsumeStatus
 from rocketmq_dedup.stores import MySQLDedupStore, PostgresDedupStore, RedisDedupStore
 from rocketmq_dedup.stores.base import Claim, ClaimResult, DedupStore
-from tests.e2e.clients import start_push_consumer
+from tests.e2e.clients import Producer, start_push_consumer
 from tests.support import mysql_connect, pg_connect
 
 EFFECT_SQL = "INSERT INTO soak_effects (run_id, biz_key, pid, at) VALUES (%s, %s, %s, %s)"
+B_EFFECT_SQL = "INSERT INTO soak_b_effects (run_id, b_key, pid, at) VALUES (%s, %s, %s, %s)"
+#: A claim of the soak's relays holds its rows this long (a killed relay's rows go again then).
+RELAY_LEASE_S = 10.0
 #: The watchdog asks to wake this often, and writes a ``stall`` line when it woke this much
 #: later than asked (seconds).
 WATCH_TICK_S = 0.05
@@ -344,16 +357,93 @@ class ControlListener:
 
 
 class Answering:
-    """Writes what ``listener`` answered the client (``answer ack|later``) and returns it."""
+    """Writes what ``listener`` answered the client (``<event> ack|later``, the message's key
+    by ``key_of``) and returns it."""
 
-    def __init__(self, listener: Any, evidence: Evidence) -> None:
-        self.listener, self.evidence = listener, evidence
+    def __init__(
+        self,
+        listener: Any,
+        evidence: Evidence,
+        event: str = "answer",
+        key_of: Callable[[Any], Optional[str]] = first_key,
+    ) -> None:
+        self.listener, self.evidence, self.event, self.key_of = listener, evidence, event, key_of
 
     def __call__(self, msg: Any) -> Any:
         status = self.listener(msg)  # never raises (the library's listeners, ControlListener)
         acked = status == ConsumeStatus.CONSUME_SUCCESS
-        self.evidence.write(first_key(msg), "answer", "ack" if acked else "later")
+        self.evidence.write(self.key_of(msg) or "?", self.event, "ack" if acked else "later")
         return status
+
+
+def lane(key: str) -> str:
+    """B's sharding key: a lane of 8 consecutive keys (a probe its own)."""
+    index = key_index(key)
+    return f"{key.rpartition('-')[0]}-lane{int(index) // 8}" if index.isdigit() else key
+
+
+class OutboxUpstream(ExactlyOnceListener):
+    """The exactly-once mode's handler, and B through the outbox in A's transaction."""
+
+    def __init__(self, config: DedupConfig, handler: Handler, outbox: Outbox, topic: str) -> None:
+        super().__init__(config, handler)
+        self.outbox, self.topic = outbox, topic
+
+    def do_handle_msg(self, msg: Any, conn: Any) -> bool:
+        if not super().do_handle_msg(msg, conn):
+            return False
+        key = first_key(msg)
+        self.outbox.send(conn, self.topic, key, keys=b_key(key), sharding_key=lane(key))
+        return True  # A's effect and B's row commit with the CONSUMED record, or not at all
+
+
+class OutboxDownstream(TransactionalDedupListener):
+    """B's effect, deduped on the outbox's message key."""
+
+    def __init__(self, config: DedupConfig, run_id: str) -> None:
+        super().__init__(config)
+        self.run_id = run_id
+
+    def dedup_message_key(self, msg: Any) -> Optional[str]:
+        return outbox_message_key(msg)
+
+    def do_handle_msg(self, msg: Any, conn: Any) -> bool:
+        key = outbox_message_key(msg)
+        conn.cursor().execute(B_EFFECT_SQL, (self.run_id, key, os.getpid(), time.time()))
+        return True
+
+
+class EvidenceSender(Sender):
+    """A relay's producer; every acknowledged send of B is a ``b_sent`` line."""
+
+    def __init__(self, inner: Sender, evidence: Evidence) -> None:
+        self.inner, self.evidence, self.client = inner, evidence, inner.client
+
+    def send(self, message: OutboxMessage) -> str:
+        message_id = self.inner.send(message)
+        self.evidence.write(message.message_key, "b_sent", message_id or "-")
+        return message_id
+
+
+def start_relay(settings: Dict[str, Any], outbox: Outbox, b_evidence: Evidence) -> Any:
+    """A relay of ``outbox`` through a producer of the slot's client; (relay, producer)."""
+    client = "grpc" if settings["kind"] == "grpc" else "classic"
+    producer = Producer(client, (settings["b_topic"],))
+    sender = EvidenceSender(sender_for(producer._producer), b_evidence)
+    relay = OutboxRelay(outbox, sender, lease_s=RELAY_LEASE_S, poll_interval_s=0.5)
+    return relay.start(), producer
+
+
+def outbox_config(settings: Dict[str, Any], evidence: Optional[Evidence], app: str) -> DedupConfig:
+    options: Dict[str, Any] = {
+        "dedup_processing_expire_milli_seconds": settings["lease_ms"],
+        "check_store": False,
+        "pool_size": settings["threads"] + 2,
+        **settings.get("options", {}),
+    }
+    if evidence is not None:
+        options["metrics"] = evidence
+    return DedupConfig.enable_dedup_consume_config(app, mysql_connect(), **options)
 
 
 def make_listener(settings: Dict[str, Any], handler: Handler, evidence: Evidence) -> Any:
@@ -387,6 +477,8 @@ def make_listener(settings: Dict[str, Any], handler: Handler, evidence: Evidence
         check_store=False,  # a consumer restarted during an outage still starts
         **options,
     )
+    if settings["mode"] == "outbox":
+        return OutboxUpstream(config, handler, Outbox(config), settings["b_topic"])
     if settings["mode"].startswith("exactly-once"):
         return ExactlyOnceListener(config, handler)
     return PlainListener(config, handler)
@@ -401,17 +493,39 @@ def main() -> None:
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(process)d %(message)s")
     evidence = Evidence(settings["evidence"])
-    handler = Handler(settings, evidence)
-    listener = Answering(make_listener(settings, handler, evidence), evidence)
-    kind = settings["kind"]
-    stop = start_push_consumer(
-        "grpc" if kind == "grpc" else "classic",
-        settings["group"],
-        settings["topic"],
-        listener,
-        settings["threads"],
-        orderly=kind == "orderly",
-    )
+    kind, role = settings["kind"], settings.get("role", "upstream")
+    relay, producer = None, None
+    if role == "relay":  # the outbox mode's relay process: no consumer
+        outbox = Outbox(MySQLDedupStore(mysql_connect()))
+        relay, producer = start_relay(settings, outbox, Evidence(settings["b_evidence"]))
+        stop: Any = lambda: None  # noqa: E731
+    elif role == "downstream":
+        config = outbox_config(settings, None, f"{settings['app']}-b")
+        listener: Any = Answering(
+            OutboxDownstream(config, settings["run_id"]),
+            Evidence(settings["b_evidence"]),
+            "b_answer",
+            outbox_message_key,
+        )
+        stop = start_push_consumer(
+            "classic", settings["b_group"], settings["b_topic"], listener, settings["threads"]
+        )
+    else:
+        handler = Handler(settings, evidence)
+        upstream = make_listener(settings, handler, evidence)
+        if isinstance(upstream, OutboxUpstream):  # a relay in the process, woken by commits
+            relay, producer = start_relay(
+                settings, upstream.outbox, Evidence(settings["b_evidence"])
+            )
+        listener = Answering(upstream, evidence)
+        stop = start_push_consumer(
+            "grpc" if kind == "grpc" else "classic",
+            settings["group"],
+            settings["topic"],
+            listener,
+            settings["threads"],
+            orderly=kind == "orderly",
+        )
     watchdog = threading.Thread(target=watch_stalls, args=(evidence,), daemon=True)
     watchdog.start()
     done = threading.Event()
@@ -419,6 +533,9 @@ def main() -> None:
     print("STARTED", flush=True)
     done.wait()
     stop()
+    if relay is not None:
+        relay.close(timeout=3.0)
+        producer.close()
     os._exit(0)  # the gRPC client leaves non-daemon threads behind
 
 

@@ -28,7 +28,8 @@ class Send:
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "sigkill", "redis_kill", "mysql_kill", "postgres_kill", "broker_restart"
+    kind: str  # "sigkill", "redis_kill", "mysql_kill", "postgres_kill", "broker_restart",
+    # "relay_kill"
     at_s: float
 
 
@@ -111,3 +112,14 @@ def faults(
         Fault(kind, round(0.1 * send_s + span * i + rng.uniform(0.0, span * 0.5), 2))
         for i, kind in enumerate(kinds)
     ]
+
+
+def outbox_faults(send_s: float, seed: int, kills: int = 2) -> list[Fault]:
+    """The outbox mode's own faults: its relay process SIGKILLed ``kills`` times, at seeded
+    moments between 15 % and 85 % of the send time, from a generator of their own (the
+    schedule of :func:`faults` is the same with or without them)."""
+    rng = random.Random(seed ^ 0x0B0B)
+    return sorted(
+        (Fault("relay_kill", round(send_s * rng.uniform(0.15, 0.85), 2)) for _ in range(kills)),
+        key=lambda f: f.at_s,
+    )

@@ -96,6 +96,18 @@ def table(report: Dict[str, Any]) -> str:
             appliers = result.get("double_applied_appliers", {}).get(key, [])
             notes = "; ".join(str(a["note"]) for a in appliers if a.get("note"))
             lines.append(f"  - unexplained `{key}`: {notes or 'no evidence'}")
+    for mode, result in report["modes"].items():
+        b = result.get("outbox")
+        if b:
+            statuses = ", ".join(f"{k} {v:,}" for k, v in sorted(b["b_rows_by_status"].items()))
+            lines.append(
+                f"- **{mode}**, B (sent through the outbox): A applied {b['a_applied']:,}; B rows "
+                f"{b['b_rows']:,} ({statuses}); B sent {b['b_sent']:,} ({b['b_sends']:,} sends, "
+                f"{b['b_sent_twice']:,} sent twice); B delivered {b['b_delivered']:,} "
+                f"({b['b_deliveries']:,} deliveries, {b['b_delivered_twice']:,} twice); B "
+                f"applied downstream {b['b_applied']:,}, twice {b['b_double_applied']:,}; B "
+                f"without a committed A {b['b_without_a']:,}; B missing {b['b_missing']:,}"
+            )
     comparison = report.get("control") or {}
     if comparison:
         kinds = sorted({k for c in comparison.values() for k in c["missing_by_kind"]})

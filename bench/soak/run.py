@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from bench.soak import accounting, evidence
+from bench.soak import outbox as soak_outbox
 from bench.soak import report as soak_report
 from bench.soak.plan import (
     DEFAULT_CONSUMERS,
@@ -44,6 +45,7 @@ from bench.soak.plan import (
     Send,
     faults,
     kind_of,
+    outbox_faults,
     sends,
 )
 
@@ -52,13 +54,20 @@ STATE_ROOT = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-ded
 STATE = STATE_ROOT / "soak"
 HOME = STATE / "home"  # the consumers' HOME: rocketmq-client-cpp writes its logs under it
 CONTROL = "no-dedup"
-MODES = ("plain-redis", "plain-mysql", "exactly-once", "exactly-once-postgres", CONTROL)
-#: The modes a run does by default (``--modes``): all but those that need a server more.
+#: The outbox mode (issue 35), a mode of its own: consume A, write, send B through the outbox.
+OUTBOX = "outbox"
+MODES = ("plain-redis", "plain-mysql", "exactly-once", "exactly-once-postgres", OUTBOX, CONTROL)
+#: The modes a run does by default (``--modes``): all but those that need a server more
+#: (exactly-once-postgres) and the outbox's (more processes: the quick soak CI runs keeps its
+#: four and its time).
 DEFAULT_MODES = ("plain-redis", "plain-mysql", "exactly-once", CONTROL)
+#: The outbox mode's processes beside its A consumers: B's consumers and a relay alone.
+OUTBOX_DOWNSTREAM, OUTBOX_RELAYS = 2, 1
 STORE_KILL = {
     "plain-redis": "redis_kill",
     "plain-mysql": "mysql_kill",
     "exactly-once": "mysql_kill",
+    OUTBOX: "mysql_kill",
     "exactly-once-postgres": "postgres_kill",
     CONTROL: "none",
 }
@@ -346,6 +355,7 @@ class ModeRun:
     first_sent: Dict[str, float] = field(default_factory=dict)
     start: float = 0.0
     consumers: List[Consumer] = field(default_factory=list)
+    extras: List[Consumer] = field(default_factory=list)  # outbox: B's consumers, relays
     plan: List[Send] = field(default_factory=list)
     drain_end: str = ""
     drain_s: float = 0.0
@@ -375,6 +385,21 @@ class ModeRun:
     def evidence_path(self) -> Path:
         return STATE / f"evidence-{self.run_id}.log"
 
+    def b_evidence_path(self) -> Path:
+        return STATE / f"evidence-b-{self.run_id}.log"
+
+    @property
+    def b_topic(self) -> str:
+        return f"SOAK-{self.mode.upper()}-{self.run_id}-B"
+
+    @property
+    def b_group(self) -> str:
+        return f"soak-{self.mode}-{self.run_id}-b"
+
+    @property
+    def processes(self) -> List[Consumer]:
+        return [*self.consumers, *self.extras]
+
     def make_consumers(self) -> None:
         settings = {
             "mode": self.mode, "run_id": self.run_id, "app": f"soak-{self.run_id}",
@@ -382,20 +407,41 @@ class ModeRun:
             "pg_dsn": self.postgres.dsn if self.postgres is not None else None,
             "evidence": str(self.evidence_path()), "options": self.options,
         }  # fmt: skip
+        if self.mode == OUTBOX:
+            settings.update(
+                b_topic=self.b_topic, b_group=self.b_group, b_evidence=str(self.b_evidence_path())
+            )
         self.consumers = [
             Consumer(i, {**settings, "topic": self.topic(kind), "group": self.group(kind)}, kind)
             for i, kind in enumerate(self.kinds)
         ]
+        if self.mode == OUTBOX:
+            roles = ["downstream"] * OUTBOX_DOWNSTREAM + ["relay"] * OUTBOX_RELAYS
+            self.extras = [
+                Consumer(len(self.kinds) + i, {**settings, "role": role}, "classic")
+                for i, role in enumerate(roles)
+            ]
         self.plan = sends(self.run_id, self.size.keys, self.size.send_s, self.seed)
 
     def probe_key(self, kind: str) -> str:
         return f"probe-{self.run_id}-{kind}"
 
     def unprobed(self) -> List[str]:
-        """The kinds of which no consumer has decided a probe yet."""
+        """The kinds of which no consumer has decided a probe yet (the outbox mode: or whose
+        probe's B no consumer of B has answered yet: the relays and B's group are running)."""
         path = self.evidence_path()
         text = path.read_text() if path.exists() else ""
-        return [k for k in self.channels if f" {self.probe_key(k)} " not in text]
+        b_path = self.b_evidence_path()
+        b_text = b_path.read_text() if b_path.exists() else ""
+        return [
+            k
+            for k in self.channels
+            if f" {self.probe_key(k)} " not in text
+            or (
+                self.mode == OUTBOX
+                and f" {soak_outbox.b_key(self.probe_key(k))} b_answer" not in b_text
+            )
+        ]
 
     def produce(self, producer: Any) -> None:
         """Send the plan on time; a send that fails is retried with backoff (counted)."""
@@ -459,8 +505,36 @@ class ModeRun:
             out[kind] = int(found.group(1)) if found else None
         return out
 
+    def b_applied(self) -> List[evidence.Effect]:
+        rows = sql("SELECT b_key, pid, at FROM soak_b_effects WHERE run_id = %s", (self.run_id,))
+        return [evidence.Effect(k, int(p), float(a)) for k, p, a in rows]
+
     def missing(self) -> set[str]:
-        return self.keys - {e.key for e in self.applied()} - self.dead_lettered
+        """Keys not applied yet; in the outbox mode also those whose B is not applied yet."""
+        applied = {e.key for e in self.applied()}
+        missing = self.keys - applied - self.dead_lettered
+        if self.mode == OUTBOX:
+            b_done = {soak_outbox.a_key(e.key) for e in self.b_applied()}
+            missing |= (applied & self.keys) - b_done
+        return missing
+
+    def outbox_report(self) -> Dict[str, Any]:
+        """The outbox mode's accounting (:mod:`bench.soak.outbox`), probes left out."""
+        path = self.b_evidence_path()
+        text = path.read_text() if path.exists() else ""
+        keep = [
+            e for e in evidence.parse_events(text.splitlines()) if e.key.startswith(self.run_id)
+        ]
+        rows = sql(
+            "SELECT message_key, status FROM t_rocketmq_dedup_outbox WHERE message_key LIKE %s",
+            (f"{self.run_id}-%",),
+        )
+        return soak_outbox.account(
+            [e for e in self.applied() if e.key.startswith(self.run_id)],
+            [e for e in self.b_applied() if e.key.startswith(self.run_id)],
+            keep,
+            {str(k): str(s) for k, s in rows},
+        )
 
     def poll(self, topics: Optional[str] = None, lag: bool = True) -> None:
         """The DLQ's keys, and (``lag``) the groups' lag while keys are missing, into
@@ -474,7 +548,7 @@ class ModeRun:
         )  # fmt: skip
 
     def pid_kinds(self) -> Dict[int, str]:
-        return {pid: c.kind for c in self.consumers for pid in c.cpu_s}
+        return {pid: c.kind for c in self.consumers for pid in c.cpu_s}  # (A's consumers)
 
     def report(self, phases: Dict[str, float]) -> Dict[str, Any]:
         keys = sorted(self.keys)
@@ -530,6 +604,7 @@ class ModeRun:
             "cpu_ms_per_msg": accounting.cpu_per_message(cpu, decisions, kinds),
             "timeline": timeline(decisions, self.start),
             "phases": phases,
+            **({"outbox": self.outbox_report()} if self.mode == OUTBOX else {}),
         }  # fmt: skip
 
     def deadline(self) -> Dict[str, Any]:
@@ -566,13 +641,18 @@ class Batch:
     def run(self) -> None:
         from tests.e2e.clients import Producer
 
+        outbox_runs = [r for r in self.runs if r.mode == OUTBOX]
         script(
             "rocketmq.sh", "both",
             " ".join(r.topic(k) for r in self.runs for k in r.channels),
-            " ".join(r.group(k) for r in self.runs for k in r.channels),
+            " ".join([*(r.group(k) for r in self.runs for k in r.channels),
+                      *(r.b_group for r in outbox_runs)]),
         )  # fmt: skip
+        for r in outbox_runs:  # B carries a sharding key: a message group, on a FIFO topic (5.x)
+            script("rocketmq.sh", "admin", "updateTopic", "-c", "DefaultCluster", "-t", r.b_topic,
+                   "-a", "+message.type=FIFO", "-r", "4", "-w", "4")  # fmt: skip
         self.lap("create")
-        consumers = [c for r in self.runs for c in r.consumers]
+        consumers = [c for r in self.runs for c in r.processes]
         producers: List[Any] = []
         try:
             for consumer in consumers:
@@ -636,8 +716,13 @@ class Batch:
 
     def inject(self, start: float) -> None:
         """Each fault at its time, in its own thread (a broker restart takes 15-45 s under
-        load; the faults after it must still strike while messages flow)."""
+        load; the faults after it must still strike while messages flow). With the outbox mode
+        its relay processes are SIGKILLed too, at moments of their own (the others' schedule
+        unchanged)."""
         schedule = faults(self.size.send_s, self.seed, stores=self.store_kills())
+        if any(r.mode == OUTBOX for r in self.runs):
+            schedule = sorted([*schedule, *outbox_faults(self.size.send_s, self.seed)],
+                              key=lambda f: f.at_s)  # fmt: skip
         rng = random.Random(self.seed)
         slots = {i: rng.randrange(len(self.runs[0].kinds)) for i, f in enumerate(schedule)
                  if f.kind == "sigkill"}  # fmt: skip
@@ -670,6 +755,12 @@ class Batch:
             finally:
                 for victim in victims:
                     victim.lock.release()
+        elif fault.kind == "relay_kill":
+            for r in self.runs:
+                for victim in (c for c in r.extras if c.settings.get("role") == "relay"):
+                    with victim.lock:
+                        r.kills.append(evidence.Kill("relay_kill", time.time(), victim.sigkill()))
+                        victim.start()
         elif fault.kind == "redis_kill":
             self.runs[0].redis.kill()
             time.sleep(1.0)
@@ -686,7 +777,7 @@ class Batch:
             script("rocketmq.sh", "restart-broker")
         took = time.time() - at
         for r in self.runs:
-            if slot is None:
+            if slot is None and fault.kind != "relay_kill":
                 r.kills.append(evidence.Kill(fault.kind, at))
             r.faults_done.append(
                 {"kind": fault.kind, "at_s": round(at - start, 2), "took_s": round(took, 1)}
@@ -750,6 +841,11 @@ def create_tables(postgres: Optional[SoakPostgres]) -> None:
     sql(
         "CREATE TABLE IF NOT EXISTS soak_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
         " run_id VARCHAR(16) NOT NULL, biz_key VARCHAR(64) NOT NULL, pid INT NOT NULL,"
+        " at DOUBLE NOT NULL, KEY (run_id)) ENGINE=InnoDB"
+    )
+    sql(
+        "CREATE TABLE IF NOT EXISTS soak_b_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY,"
+        " run_id VARCHAR(16) NOT NULL, b_key VARCHAR(80) NOT NULL, pid INT NOT NULL,"
         " at DOUBLE NOT NULL, KEY (run_id)) ENGINE=InnoDB"
     )
     MySQLDedupStore(mysql_connect()).create_table()
@@ -965,7 +1061,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         m for m, r in results.items()
         if r["acked_not_applied"]
         or r["double_applied"] != r["double_applied_explained"]
-        or (r["mode"].startswith("exactly-once") and r["double_applied"])
+        or ((r["mode"].startswith("exactly-once") or r["mode"] == OUTBOX) and r["double_applied"])
+        or (r["mode"] == OUTBOX and soak_outbox.failed(r["outbox"]))
     ]  # fmt: skip
     if failed:
         log(

@@ -27,7 +27,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtraError("click", "cli") from exc
 
-from rocketmq_dedup.cli import dlq, kit, records
+from rocketmq_dedup.cli import dlq, kit, outbox, records
 from rocketmq_dedup.cli._options import one_line
 
 
@@ -40,7 +40,8 @@ def _version() -> str:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", "-V", prog_name="rocketmq-dedup")
 def cli() -> None:
-    """Look at and repair rocketmq-dedup's records in Redis, MySQL or PostgreSQL."""
+    """Look at and repair rocketmq-dedup's records in Redis, MySQL or PostgreSQL; relay its
+    outbox."""
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -74,6 +75,8 @@ for command in (
     records.schema,
     kit.ops,
     dlq.dlq,
+    outbox.relay,
+    outbox.outbox,
 ):
     cli.add_command(command)
 

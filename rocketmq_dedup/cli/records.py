@@ -199,8 +199,8 @@ def schema() -> None:
 @schema.command("mysql")
 @click.option("--table", default=DEFAULT_TABLE_NAME, show_default=True, help="Table name.")
 def schema_mysql(table: str) -> None:
-    """The CREATE TABLE statements of the MySQL store: the dedup table and the exactly-once
-    mode's sequence table (what create_table() creates)."""
+    """The CREATE TABLE statements of the MySQL store: the dedup table, the exactly-once
+    mode's sequence table and the outbox's two tables (what create_table() creates)."""
     try:
         statements = schema_statements(table)
     except DedupError as exc:

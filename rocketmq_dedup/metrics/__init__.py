@@ -1,5 +1,5 @@
-"""Metrics and tracing hooks: what the listener decided for each message, and how long the
-handler and the store took.
+"""Metrics and tracing hooks: what the listener decided for each message, how long the handler
+and the store took, and what the outbox's relays sent.
 
 Pass an object to ``DedupConfig(..., metrics=...)``. :class:`DedupMetrics` is the protocol (every
 method a no-op, override what you need); two implementations ship behind extras:
@@ -105,6 +105,25 @@ class DedupMetrics:
         self.message(
             Decision(application, topic, Outcome.CONSUMED, message, started_ns, handler_seconds)
         )
+
+    # -- the outbox's relays (rocketmq_dedup.outbox): ``outbox`` is the outbox table's name --
+
+    def outbox_sent(self, outbox: str, topic: str, count: int) -> None:
+        """A relay's messages the broker acknowledged (after each batch)."""
+
+    def outbox_failed(self, outbox: str, topic: str, count: int) -> None:
+        """A relay's sends that failed and will be tried again (after a backoff)."""
+
+    def outbox_parked(self, outbox: str, topic: str, count: int) -> None:
+        """A relay's rows parked: refused for good, or failing for too long."""
+
+    def outbox_backlog(
+        self, outbox: str, pending: int, oldest_pending_seconds: Optional[float], parked: int
+    ) -> None:
+        """The outbox's unsent rows, as a relay found them (every ``backlog_interval_s``):
+        PENDING rows, the oldest one's age (None: none), PARKED rows. The shipped backends
+        export the oldest row's age as it grows between reports, so a relay that stopped
+        reporting still shows its backlog aging."""
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional
+import threading
+import time
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from rocketmq_dedup.errors import MissingExtraError
 from rocketmq_dedup.message import message_id
@@ -27,7 +29,11 @@ class OpenTelemetryMetrics(DedupMetrics):
     (counters; ``app``), ``rocketmq_dedup.store.duration`` (histogram, s; ``app``, ``op``),
     ``rocketmq_dedup.handler.duration`` (histogram, s; ``app``, ``topic``),
     ``rocketmq_dedup.purge.deleted`` (counter; ``table``) and ``rocketmq_dedup.purge.lag``
-    (observable gauge, s; ``table``) from a running :class:`~rocketmq_dedup.Purger`.
+    (observable gauge, s; ``table``) from a running :class:`~rocketmq_dedup.Purger`; the
+    outbox's relays: ``rocketmq_dedup.outbox.sent``, ``rocketmq_dedup.outbox.failed``,
+    ``rocketmq_dedup.outbox.parked`` (counters; ``outbox``, ``topic``) and the observable gauges
+    ``rocketmq_dedup.outbox.backlog``, ``rocketmq_dedup.outbox.oldest_pending_age`` (s) and
+    ``rocketmq_dedup.outbox.parked_rows`` (``outbox``).
 
     With ``spans=True`` each decision is recorded as a span ``<topic> dedup`` (kind CONSUMER)
     from the message's arrival to its answer, with the messaging attributes
@@ -74,6 +80,35 @@ class OpenTelemetryMetrics(DedupMetrics):
             "expired",
         )
         self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider) if spans else None
+        self._outbox = {
+            kind: meter.create_counter(
+                f"rocketmq_dedup.outbox.{kind}", unit="{message}", description=doc
+            )
+            for kind, doc in (
+                ("sent", "Outbox messages the broker acknowledged"),
+                ("failed", "Outbox sends that failed and will be tried again"),
+                ("parked", "Outbox rows parked"),
+            )
+        }
+        #: outbox -> (PENDING rows, the oldest one's write time (epoch s) or None, PARKED rows)
+        self._backlog: Dict[str, Tuple[int, Optional[float], int]] = {}
+        self._backlog_lock = threading.Lock()
+        for name, unit, doc, value in (
+            ("backlog", "{row}", "PENDING outbox rows", lambda v, now: v[0]),
+            (
+                "oldest_pending_age",
+                "s",
+                "Age of the oldest PENDING outbox row (0: none)",
+                lambda v, now: 0.0 if v[1] is None else max(0.0, now - v[1]),
+            ),
+            ("parked_rows", "{row}", "PARKED outbox rows", lambda v, now: v[2]),
+        ):
+            meter.create_observable_gauge(
+                f"rocketmq_dedup.outbox.{name}",
+                callbacks=[self._observer(value)],
+                unit=unit,
+                description=doc,
+            )
 
     def message(self, decision: Decision) -> None:
         attributes = {
@@ -113,6 +148,36 @@ class OpenTelemetryMetrics(DedupMetrics):
             self._renewals.add(renewed, {"app": application})
         if lost:
             self._lost.add(lost, {"app": application})
+
+    def outbox_sent(self, outbox: str, topic: str, count: int) -> None:
+        self._outbox["sent"].add(count, {"outbox": outbox, "topic": topic})
+
+    def outbox_failed(self, outbox: str, topic: str, count: int) -> None:
+        self._outbox["failed"].add(count, {"outbox": outbox, "topic": topic})
+
+    def outbox_parked(self, outbox: str, topic: str, count: int) -> None:
+        self._outbox["parked"].add(count, {"outbox": outbox, "topic": topic})
+
+    def outbox_backlog(
+        self, outbox: str, pending: int, oldest_pending_seconds: Optional[float], parked: int
+    ) -> None:
+        written = None if oldest_pending_seconds is None else time.time() - oldest_pending_seconds
+        with self._backlog_lock:
+            self._backlog[outbox] = (pending, written, parked)
+
+    def _observer(self, value: Any) -> Any:
+        """An observable gauge's callback: ``value(backlog, now)`` of every outbox."""
+
+        def observe(options: Any) -> Iterable[Any]:
+            with self._backlog_lock:
+                backlog = dict(self._backlog)
+            now = time.time()
+            return [
+                otel_metrics.Observation(value(values, now), {"outbox": outbox})
+                for outbox, values in backlog.items()
+            ]
+
+        return observe
 
     def purge(self, table: str, deleted: int, lag_seconds: float) -> None:
         self._purged.add(deleted, {"table": table})

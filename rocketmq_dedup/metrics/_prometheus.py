@@ -11,6 +11,7 @@ own cost on a fast store.
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from operator import itemgetter
@@ -165,6 +166,13 @@ class PrometheusMetrics(DedupMetrics):
       store defect; they are not in the histogram, where a call refused in a millisecond would
       pass for a fast one)
     * ``rocketmq_dedup_handler_seconds{app, topic}`` (histogram)
+    * the outbox's relays: ``rocketmq_dedup_outbox_sent_total{outbox, topic}``,
+      ``rocketmq_dedup_outbox_failed_total{outbox, topic}`` (sends to try again),
+      ``rocketmq_dedup_outbox_parked_total{outbox, topic}``; gauges
+      ``rocketmq_dedup_outbox_backlog{outbox}`` (PENDING rows),
+      ``rocketmq_dedup_outbox_oldest_pending_seconds{outbox}`` (the oldest PENDING row's age,
+      growing between reports: a relay that stopped reporting still shows it aging; 0 when
+      none) and ``rocketmq_dedup_outbox_parked_rows{outbox}``
     * ``rocketmq_dedup_purge_deleted_total{table}`` and the gauge
       ``rocketmq_dedup_purge_lag_seconds{table}`` (a running :class:`~rocketmq_dedup.Purger`)
 
@@ -189,6 +197,10 @@ class PrometheusMetrics(DedupMetrics):
         self._errors: Dict[Tuple[str, Any], int] = {}  # (app, StoreOp): failed calls
         self._store: Dict[Tuple[str, Any], _Histogram] = {}  # (app, StoreOp)
         self._handler: Dict[Tuple[str, Any], _Histogram] = {}  # (app, topic)
+        #: (kind: sent/failed/parked, outbox, topic) -> count
+        self._outbox: Dict[Tuple[str, str, str], int] = {}
+        #: outbox -> (PENDING rows, the oldest one's write time (epoch s) or None, PARKED rows)
+        self._backlog: Dict[str, Tuple[int, Optional[float], int]] = {}
         self._purged: Dict[str, int] = {}  # table: rows deleted
         self._purge_lag: Dict[str, float] = {}  # table: seconds
         target = prometheus_client.REGISTRY if registry is None else registry
@@ -264,6 +276,27 @@ class PrometheusMetrics(DedupMetrics):
             self._renewals[application] = self._renewals.get(application, 0) + renewed
             self._lost[application] = self._lost.get(application, 0) + lost
 
+    def _outbox_count(self, kind: str, outbox: str, topic: str, count: int) -> None:
+        with self._lock:  # once per relay batch
+            key = (kind, outbox, topic)
+            self._outbox[key] = self._outbox.get(key, 0) + count
+
+    def outbox_sent(self, outbox: str, topic: str, count: int) -> None:
+        self._outbox_count("sent", outbox, topic, count)
+
+    def outbox_failed(self, outbox: str, topic: str, count: int) -> None:
+        self._outbox_count("failed", outbox, topic, count)
+
+    def outbox_parked(self, outbox: str, topic: str, count: int) -> None:
+        self._outbox_count("parked", outbox, topic, count)
+
+    def outbox_backlog(
+        self, outbox: str, pending: int, oldest_pending_seconds: Optional[float], parked: int
+    ) -> None:
+        written = None if oldest_pending_seconds is None else time.time() - oldest_pending_seconds
+        with self._lock:
+            self._backlog[outbox] = (pending, written, parked)
+
     def purge(self, table: str, deleted: int, lag_seconds: float) -> None:
         with self._lock:
             self._purged[table] = self._purged.get(table, 0) + deleted
@@ -285,6 +318,7 @@ class PrometheusMetrics(DedupMetrics):
             apps = {app for app, _ in self._store} | {app for app, _ in errors}
             store = {(a, op.value): h.family_args() for (a, op), h in self._store.items()}
             handler = {k: h.family_args() for k, h in self._handler.items()}
+            outbox_counts, backlog = dict(self._outbox), dict(self._backlog)
             purged, purge_lag = dict(self._purged), dict(self._purge_lag)
         family = CounterMetricFamily(
             "rocketmq_dedup_messages",
@@ -354,3 +388,41 @@ class PrometheusMetrics(DedupMetrics):
             for label_values, (buckets, total) in histograms.items():
                 hfamily.add_metric(list(label_values), buckets, total)
             yield hfamily
+        if outbox_counts or backlog:
+            yield from _outbox_families(outbox_counts, backlog)
+
+
+_OUTBOX_COUNTERS = (
+    ("sent", "Outbox messages the broker acknowledged"),
+    ("failed", "Outbox sends that failed and will be tried again"),
+    ("parked", "Outbox rows parked: refused for good, or failing for too long"),
+)
+
+
+def _outbox_families(
+    counts: Dict[Tuple[str, str, str], int], backlog: Dict[str, Tuple[int, Optional[float], int]]
+) -> Iterator[Any]:
+    """The outbox's families: each counter of every (outbox, topic) seen (0 until its first
+    event), and the backlog gauges, the oldest row's age computed now."""
+    pairs = sorted({(outbox, topic) for _, outbox, topic in counts})
+    for kind, doc in _OUTBOX_COUNTERS:
+        family = CounterMetricFamily(
+            f"rocketmq_dedup_outbox_{kind}", doc, labels=["outbox", "topic"]
+        )
+        for outbox, topic in pairs:
+            family.add_metric([outbox, topic], counts.get((kind, outbox, topic), 0))
+        yield family
+    now = time.time()
+    for name, doc, index in (
+        ("backlog", "PENDING outbox rows (not sent yet)", 0),
+        ("oldest_pending_seconds", "Age of the oldest PENDING outbox row (0: none)", 1),
+        ("parked_rows", "PARKED outbox rows (waiting for an operator)", 2),
+    ):
+        gauge = GaugeMetricFamily(f"rocketmq_dedup_outbox_{name}", doc, labels=["outbox"])
+        for outbox, (pending, written, parked) in sorted(backlog.items()):
+            if index == 1:
+                value = 0.0 if written is None else max(0.0, now - written)
+            else:
+                value = float(pending if index == 0 else parked)
+            gauge.add_metric([outbox], value)
+        yield gauge

@@ -19,6 +19,10 @@ attribute); each message gets one :class:`Transaction` from it, used in this ord
     close        always: rolls back whatever is still open and gives the connection back, or
                  discards it when it may be unfit for another message
 
+While the handler runs, :func:`current_transaction` is its transaction (the strategy sets it), so
+what the handler writes through ``conn`` can ask to hear of the COMMIT
+(:meth:`Transaction.call_after_commit`): the outbox wakes its relay that way.
+
 The decisions (what a refused record, a held lock or a stale step means) are the strategy's;
 an implementation does the I/O and keeps two promises about order that the decisions rely on:
 
@@ -40,7 +44,8 @@ to commit; ``run_handler`` raises what the handler raised.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, NamedTuple, Optional
+import contextvars
+from typing import Any, Callable, List, NamedTuple, Optional
 
 from rocketmq_dedup.message import DedupElement, fields_digest
 from rocketmq_dedup.stores.base import Record
@@ -83,6 +88,21 @@ class Transaction(abc.ABC):
 
     #: What the handler gets as ``conn``.
     conn: Any
+
+    #: What :meth:`call_after_commit` registered (None: nothing); the strategy calls each once
+    #: the transaction committed.
+    after_commit: Optional[List[Callable[[], None]]] = None
+
+    def call_after_commit(self, callback: Callable[[], None]) -> None:
+        """Have ``callback()`` called once this transaction has committed, never when it rolls
+        back: by the strategy, on the consumer's thread, after the COMMIT's answer and before
+        the message is acked. A callback registered twice is called once; one that raises is
+        logged and changes nothing."""
+        callbacks = self.after_commit
+        if callbacks is None:
+            callbacks = self.after_commit = []
+        if callback not in callbacks:
+            callbacks.append(callback)
 
     @abc.abstractmethod
     def claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
@@ -160,10 +180,24 @@ class TransactionSource(abc.ABC):
         idle (a frozen consumer holds its locks no longer)."""
 
 
+#: The transaction whose handler runs in this context (thread), set by the strategy around it.
+running_transaction: contextvars.ContextVar[Optional[Transaction]] = contextvars.ContextVar(
+    "rocketmq_dedup_running_transaction", default=None
+)
+
+
+def current_transaction() -> Optional[Transaction]:
+    """The exactly-once transaction whose handler is running on this thread, or None outside a
+    handler."""
+    return running_transaction.get()
+
+
 __all__ = [
     "Entity",
     "KeyClaim",
     "SequenceStep",
     "Transaction",
     "TransactionSource",
+    "current_transaction",
+    "running_transaction",
 ]

@@ -76,6 +76,7 @@ from rocketmq_dedup.stores.transaction import (
     SequenceStep,
     Transaction,
     TransactionSource,
+    running_transaction,
 )
 from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, answer
@@ -261,6 +262,7 @@ class TransactionalStrategy(DedupTemplate):
                 return status
         if element is None:  # no dedup key: the handler's writes alone
             tx.commit()
+            self._after_commit(tx)
             return SUCCESS
         applied = None
         if entity is not None and verdict is _Verdict.RUN:
@@ -271,6 +273,7 @@ class TransactionalStrategy(DedupTemplate):
         """The handler in the transaction: its answer, or LATER when it raised or broke the
         transaction (ended it, switched it to autocommit, reconnected)."""
         begin = time.perf_counter() if snap.metrics is not None else 0.0
+        running = running_transaction.set(tx)  # current_transaction() in the handler
         try:
             result = tx.run_handler(self.hooks.listener.do_handle_msg, delivery.msg)
         except TransactionMisuseError:  # refused in the handler, which let it propagate
@@ -285,6 +288,7 @@ class TransactionalStrategy(DedupTemplate):
             delivery.outcome = Outcome.FAILED
             return LATER
         finally:
+            running_transaction.reset(running)
             if snap.metrics is not None:
                 delivery.handler_seconds = time.perf_counter() - begin
         if isinstance(result, PermanentFailure):  # its writes are rolled back, whatever it did
@@ -329,6 +333,7 @@ class TransactionalStrategy(DedupTemplate):
         if refused is not None:
             logger.info("%r was recorded by another attempt; rolled back", element)
             return self._refused(delivery, refused, snap)
+        self._after_commit(tx)
         self._remember(element)
         if verdict is _Verdict.STALE:
             return self._duplicate(delivery, DedupStatus.CONSUMED, snap)
@@ -415,6 +420,17 @@ class TransactionalStrategy(DedupTemplate):
                 exc,
                 exc_info=exc,
             )
+
+    def _after_commit(self, tx: Transaction) -> None:
+        """What the handler asked to hear of the COMMIT (``Transaction.call_after_commit``, the
+        outbox's relay wake-up), each called once; one that raises is logged."""
+        for callback in tx.after_commit or ():
+            try:
+                callback()
+            except Exception:
+                self._log.log(
+                    logging.ERROR, "an after-commit callback raised; ignored", exc_info=True
+                )
 
     def _remember(self, element: DedupElement) -> None:
         """A key committed here: a later copy of it is looked up before its handler."""

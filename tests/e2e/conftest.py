@@ -70,12 +70,13 @@ def producer(client: str, broker: None, channels: List[Tuple[str, str]]) -> Iter
 
 
 def pytest_ignore_collect(collection_path, config):  # type: ignore[no-untyped-def]
-    """Client-specific modules: the orderly consumer, the operator kit's sample consumer and
-    the lost last retry (classic), the SimpleConsumer (5.x)."""
+    """Client-specific modules: the orderly consumer, the operator kit's sample consumer, the
+    lost last retry and the outbox sample (classic), the SimpleConsumer (5.x)."""
     if collection_path.name in (
         "test_e2e_classic_orderly.py",
         "test_e2e_operations.py",
         "test_e2e_classic_dlq.py",
+        "test_e2e_outbox_sample.py",
     ):
         return installed_client() != "classic"
     if collection_path.name == "test_e2e_grpc_simple.py":

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -76,7 +76,9 @@ def keyed_producer(
 class SampleProcess:
     """samples/<name>.py as a subprocess; its log (stdout and stderr) in the state directory."""
 
-    def __init__(self, name: str, topic: str, group: str) -> None:
+    def __init__(
+        self, name: str, topic: str, group: str, extra_env: Optional[Dict[str, str]] = None
+    ) -> None:
         home = STATE / "e2e-home"  # the clients write their logs under $HOME
         home.mkdir(parents=True, exist_ok=True)
         self.log_path = STATE / f"e2e-{name}-{time.time_ns()}.log"
@@ -95,6 +97,7 @@ class SampleProcess:
             "POSTGRES_URL": PG_DSN,
             "ORDER_TOPIC": topic,
             "ORDER_GROUP": group,
+            **(extra_env or {}),
         }
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(

@@ -27,7 +27,7 @@ from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import Decision, DedupMetrics
 from rocketmq_dedup.status import Outcome
 from rocketmq_dedup.stores.base import Claim
-from rocketmq_dedup.stores.transaction import Entity
+from rocketmq_dedup.stores.transaction import Entity, current_transaction
 from rocketmq_dedup.testing import ClassicMessage
 from tests.unit.fake_transactions import FakeConn, FakeTransactionalStore, FakeTransactions
 
@@ -423,6 +423,106 @@ def test_a_store_without_transactions_is_refused() -> None:
     config = DedupConfig("app", MemoryDedupStore())
     with pytest.raises(DedupConfigError, match="the MySQL or PostgreSQL store"):
         Listener(config)
+
+
+# -- after-commit callbacks (the outbox's relay wake-up) -----------------------------------------
+
+
+class Heard:
+    """A handler that registers an after-commit callback (twice: it is called once) and then
+    answers ``answer``; what the callbacks heard."""
+
+    def __init__(self, answer: Any = True, refuse: bool = False) -> None:
+        self.answer = answer
+        self.refuse = refuse  # commit another copy meanwhile: this one's record is refused
+        self.heard: List[str] = []
+        self.inside: List[Any] = []
+        self.world: Optional[World] = None
+
+    def __call__(self, msg: Any, conn: FakeConn) -> Any:
+        tx = current_transaction()
+        self.inside.append(tx is not None and tx.conn is conn)
+        assert tx is not None
+        tx.call_after_commit(lambda: self.heard.append(msg.id))
+        tx.call_after_commit(self.heard.clear)  # another callback...
+        tx.call_after_commit(self.heard.clear)  # ...registered twice: called once
+        tx.call_after_commit(lambda: self.heard.append("after"))
+        if self.refuse:
+            assert self.world is not None
+            self.world.commit_elsewhere(msg.id)
+        return self.answer
+
+
+def test_a_transaction_that_committed_calls_its_after_commit_callbacks_once_in_order() -> None:
+    """The handler sees its transaction (current_transaction(), whose conn is its conn); what it
+    registered is called once each, in order, after the COMMIT; outside a handler there is no
+    current transaction."""
+    world = World()
+    handler = Heard()
+    assert world.listener(handler)(ClassicMessage("m1")) is SUCCESS
+    assert handler.inside == [True]
+    assert handler.heard == ["after"]  # m1 appended, cleared once, then "after"
+    assert world.db.committed == ["m1"]
+    assert current_transaction() is None
+
+
+@pytest.mark.parametrize("answer", [False, RuntimeError("boom")], ids=repr)
+def test_a_rolled_back_transaction_calls_no_after_commit_callback(answer: Any) -> None:
+    """A handler that fails (or raises) after registering: nothing is called."""
+    heard = Heard()
+
+    def handler(msg: Any, conn: FakeConn) -> Any:
+        heard(msg, conn)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert World().listener(handler)(ClassicMessage("m1")) is LATER
+    assert heard.inside == [True] and heard.heard == []
+    assert current_transaction() is None
+
+
+def test_a_copy_whose_record_is_refused_calls_no_after_commit_callback() -> None:
+    """Another copy committed while this one ran: this one rolls back, nothing is called."""
+    world = World()
+    handler = Heard(refuse=True)
+    handler.world = world
+    assert world.listener(handler)(ClassicMessage("m1")) is SUCCESS  # acked as a duplicate
+    assert world.metrics.outcomes == [Outcome.DUPLICATE_CONSUMED]
+    assert handler.heard == []
+
+
+def test_a_message_without_a_key_calls_its_callbacks_after_its_commit() -> None:
+    """Dedup key None: the handler's writes commit alone, and the callbacks are called."""
+
+    class NoKey(Listener):
+        def dedup_message_key(self, msg: Any) -> Any:
+            return None
+
+    world = World()
+    handler = Heard()
+    assert NoKey(world.config, handler)(ClassicMessage("m1")) is SUCCESS
+    assert handler.heard == ["after"]
+
+
+def test_an_after_commit_callback_that_raises_is_logged_and_the_message_acked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A callback's exception changes nothing: the next callback is called, the message acked."""
+    world = World()
+    later: List[str] = []
+
+    def handler(msg: Any, conn: FakeConn) -> bool:
+        tx = current_transaction()
+        assert tx is not None
+        tx.call_after_commit(lambda: 1 / 0)
+        tx.call_after_commit(lambda: later.append("called"))
+        return True
+
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert world.listener(handler)(ClassicMessage("m1")) is SUCCESS
+    assert later == ["called"]
+    assert any("after-commit callback raised" in r.getMessage() for r in caplog.records)
 
 
 # -- permanent failures ------------------------------------------------------------------------

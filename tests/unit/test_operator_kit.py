@@ -76,12 +76,14 @@ def rule_expressions() -> List[str]:
 
 
 def exported() -> Dict[str, Set[str]]:
-    """The samples PrometheusMetrics exports after one message, by name: their labels."""
+    """The samples PrometheusMetrics exports after one message and an outbox relay's batch,
+    by name: their labels."""
     registry = CollectorRegistry()
-    config = DedupConfig.enable_dedup_consume_config(
-        "app", MemoryDedupStore(), metrics=PrometheusMetrics(registry)
-    )
+    metrics = PrometheusMetrics(registry)
+    config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore(), metrics=metrics)
     deliver(Recording(config), ClassicMessage("m1", keys=b"k"), times=2)
+    metrics.outbox_sent("t_outbox", "T", 1)
+    metrics.outbox_backlog("t_outbox", 0, None, 0)
     found: Dict[str, Set[str]] = {}
     for family in registry.collect():
         for sample in family.samples:
@@ -90,8 +92,9 @@ def exported() -> Dict[str, Set[str]]:
 
 
 def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
-    """8 rules, each with at least one firing and one quiet case in the unit tests."""
-    assert "SUCCESS: 8 rules found" in promtool("check", "rules", str(RULES))
+    """10 rules (the consumers' 8, the outbox's 2), each with at least one firing and one quiet
+    case in the unit tests."""
+    assert "SUCCESS: 10 rules found" in promtool("check", "rules", str(RULES))
     assert "SUCCESS" in promtool("test", "rules", RULE_TESTS.name, cwd=RULE_TESTS.parent)
     alerts = re.findall(r"^\s*- alert: (\w+)$", RULES.read_text(), re.MULTILINE)
     tested = RULE_TESTS.read_text()
@@ -169,7 +172,7 @@ def test_the_rules_and_the_dashboard_use_only_what_the_library_exports() -> None
         for group in GROUPING.findall(expr):
             grouped = {label.strip() for label in group.split(",")} - {"le"}
             assert grouped <= labels, f"{grouped - labels} not on {names[0]} ({expr})"
-    assert len(rule_expressions()) == 8
+    assert len(rule_expressions()) == 10
 
 
 def alerts() -> List[Tuple[str, str, str]]:
@@ -193,7 +196,7 @@ def test_every_alert_links_its_runbook_in_the_readme() -> None:
     headings = {anchor(h): h for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
     _, chinese = english_and_chinese()
     found = alerts()
-    assert len(found) == 8
+    assert len(found) == 10
     for name, _, runbook in found:
         assert runbook == f"{readme_url}#{name.lower()}", runbook
         assert headings.get(name.lower()) == name, f"no README heading {name!r}"

@@ -333,19 +333,30 @@ def test_the_readme_says_which_options_are_attributes_and_where_to_read_the_othe
         assert getattr(config, name) == default, name
 
 
-def exported_prometheus() -> Set[str]:
-    """The sample names PrometheusMetrics exports once every kind of event happened."""
-    from prometheus_client import CollectorRegistry
+def every_event(metrics: Any) -> None:
+    """Every kind of event a metrics object hears: a decision, store calls that succeeded and
+    failed, a renewal round, a purge, an outbox relay's batch and backlog."""
+    from rocketmq_dedup.metrics import Decision, Outcome, StoreOp
 
-    from rocketmq_dedup.metrics import Decision, Outcome, PrometheusMetrics, StoreOp
-
-    registry = CollectorRegistry()
-    metrics = PrometheusMetrics(registry)
     metrics.message(Decision("app", "T", Outcome.CONSUMED, None, 0, 0.1))
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
     metrics.leases("app", 1, 1)
     metrics.purge("t_rocketmq_dedup", 1, 2.0)
+    metrics.outbox_sent("t_outbox", "T", 2)
+    metrics.outbox_failed("t_outbox", "T", 1)
+    metrics.outbox_parked("t_outbox", "T", 1)
+    metrics.outbox_backlog("t_outbox", 3, 1.5, 1)
+
+
+def exported_prometheus() -> Set[str]:
+    """The sample names PrometheusMetrics exports once every kind of event happened."""
+    from prometheus_client import CollectorRegistry
+
+    from rocketmq_dedup.metrics import PrometheusMetrics
+
+    registry = CollectorRegistry()
+    every_event(PrometheusMetrics(registry))
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 
@@ -354,15 +365,10 @@ def exported_opentelemetry() -> Set[str]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from rocketmq_dedup.metrics import Decision, OpenTelemetryMetrics, Outcome, StoreOp
+    from rocketmq_dedup.metrics import OpenTelemetryMetrics
 
     reader = InMemoryMetricReader()
-    metrics = OpenTelemetryMetrics(MeterProvider(metric_readers=[reader]))
-    metrics.message(Decision("app", "T", Outcome.CONSUMED, None, 0, 0.1))
-    metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
-    metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
-    metrics.leases("app", 1, 1)
-    metrics.purge("t_rocketmq_dedup", 1, 2.0)
+    every_event(OpenTelemetryMetrics(MeterProvider(metric_readers=[reader])))
     data = reader.get_metrics_data()
     assert data is not None
     return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}

@@ -15,6 +15,7 @@ from typing import List, Sequence
 import pytest
 
 from bench.soak import accounting
+from bench.soak import outbox as soak_outbox
 from bench.soak.evidence import (
     LOST_BY_BROKER,
     Effect,
@@ -32,6 +33,7 @@ from bench.soak.plan import (
     handler_ms,
     key_name,
     kind_of,
+    outbox_faults,
     sends,
 )
 from bench.soak.report import table
@@ -89,12 +91,13 @@ def test_a_postgres_mode_adds_its_kill_and_leaves_every_other_run_as_it_was() ->
 
 
 def test_soak_modes_default_to_those_of_the_projects_servers() -> None:
-    """The default modes (and so the quick run's) leave exactly-once-postgres out: it is run
-    by name (--modes), and starts a PostgreSQL of its own."""
-    from bench.soak.run import DEFAULT_MODES, MODES, POSTGRES_MODES, STORE_KILL
+    """The default modes (and so the quick run's) leave exactly-once-postgres out (it is run
+    by name (--modes), and starts a PostgreSQL of its own), and the outbox's."""
+    from bench.soak.run import DEFAULT_MODES, MODES, OUTBOX, POSTGRES_MODES, STORE_KILL
 
     assert set(DEFAULT_MODES) < set(MODES)
-    assert set(MODES) - set(DEFAULT_MODES) == set(POSTGRES_MODES) == {"exactly-once-postgres"}
+    assert set(POSTGRES_MODES) == {"exactly-once-postgres"}
+    assert set(MODES) - set(DEFAULT_MODES) == {*POSTGRES_MODES, OUTBOX}
     assert STORE_KILL["exactly-once-postgres"] == "postgres_kill"
 
 
@@ -715,3 +718,62 @@ def test_stalls_are_summed_and_the_worst_listed() -> None:
         {"pid": 2, "kind": "grpc", "at_s": 10.3, "gap_s": 9.7, "cpu_s": 0.02, "load": 14.5},
         {"pid": 1, "kind": "classic", "at_s": 28.5, "gap_s": 1.5, "cpu_s": 1.4, "load": 8.0},
     ]
+
+
+# -- the outbox mode (issue 35) ----------------------------------------------------------------
+
+
+def test_the_outbox_accounting_counts_b_sent_delivered_and_applied() -> None:
+    """Rows, sends (one sent twice: a relay killed before its mark), deliveries, applications
+    downstream; nothing fails when each B is applied once and belongs to an applied A."""
+    a = [Effect("r-1", 1, 1.0), Effect("r-2", 1, 1.0), Effect("r-3", 1, 1.0)]
+    b = [Effect("r-1:B", 2, 2.0), Effect("r-2:B", 2, 2.0)]
+    events = [
+        Event(1.5, 3, "r-1:B", "b_sent", "M1"),
+        Event(1.6, 3, "r-2:B", "b_sent", "M2"),
+        Event(9.0, 4, "r-2:B", "b_sent", "M3"),  # sent again after the relay's lease
+        Event(2.0, 5, "r-1:B", "b_answer", "ack"),
+        Event(2.0, 5, "r-2:B", "b_answer", "ack"),
+        Event(9.5, 5, "r-2:B", "b_answer", "ack"),  # the copy, dropped downstream
+    ]
+    rows = {"r-1:B": "SENT", "r-2:B": "SENT", "r-3:B": "PENDING"}
+    section = soak_outbox.account(a, b, events, rows)
+    assert section["a_applied"] == 3 and section["b_rows"] == 3
+    assert section["b_rows_by_status"] == {"SENT": 2, "PENDING": 1}
+    assert (section["b_sent"], section["b_sends"], section["b_sent_twice"]) == (2, 3, 1)
+    assert (section["b_delivered"], section["b_deliveries"], section["b_delivered_twice"]) == (
+        2,
+        3,
+        1,
+    )
+    assert section["b_applied"] == 2 and section["b_double_applied"] == 0
+    assert section["b_missing"] == 1 and section["b_missing_keys"] == ["r-3"]
+    assert soak_outbox.failed(section) == []
+
+
+def test_the_outbox_accounting_fails_a_b_applied_twice_or_without_its_a() -> None:
+    """A B applied twice downstream, or a B (a row, or applied) whose A never committed."""
+    a = [Effect("r-1", 1, 1.0)]
+    b = [Effect("r-1:B", 2, 2.0), Effect("r-1:B", 2, 3.0), Effect("r-9:B", 2, 2.0)]
+    section = soak_outbox.account(a, b, [], {"r-1:B": "SENT", "r-8:B": "SENT"})
+    assert section["b_double_applied"] == 1
+    assert section["b_without_a_keys"] == ["r-8", "r-9"]
+    assert len(soak_outbox.failed(section)) == 2
+
+
+def test_the_outbox_modes_relay_kills_leave_the_other_faults_as_they_were() -> None:
+    """Two relay kills at seeded moments while messages flow; faults() is unchanged by them."""
+    kills = outbox_faults(60.0, 1)
+    assert [f.kind for f in kills] == ["relay_kill", "relay_kill"]
+    assert all(9.0 <= f.at_s <= 51.0 for f in kills)
+    assert outbox_faults(60.0, 1) == kills
+    assert faults(60.0, 1) == faults(60.0, 1)
+    assert "relay_kill" not in {f.kind for f in faults(60.0, 1)}
+
+
+def test_the_outbox_mode_is_known_but_not_a_default_mode() -> None:
+    """--modes outbox is accepted; the default modes (the quick soak CI runs) leave it out."""
+    from bench.soak.run import DEFAULT_MODES, MODES, OUTBOX
+
+    assert OUTBOX in MODES and OUTBOX not in DEFAULT_MODES
+    assert mode_options([OUTBOX], {}, {}) == {OUTBOX: {}}

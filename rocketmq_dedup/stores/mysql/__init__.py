@@ -39,15 +39,21 @@ PyMySQL or mysql-connector-python.
   dedup record written with its COMMIT; a sequence table ``<table>_seq`` created with the dedup
   table; :meth:`MySQLDedupStore.from_engine` builds the store on a SQLAlchemy ``Engine``.
 
+* The outbox (:mod:`rocketmq_dedup.outbox`): ``<table>_outbox`` and ``<table>_outbox_lane``,
+  created with the dedup table; the store's ``outbox`` (:class:`MySQLOutboxTables`, the port of
+  :mod:`rocketmq_dedup.stores.outbox`) writes rows in the handler's transaction and claims,
+  settles and lists them for the relays and the operators.
+
 Modules, by concern: :mod:`.sql` (statements and tables), :mod:`.rows` (the values of their
 rows), :mod:`.errors` (what a driver error means), :mod:`.connection` (a prepared connection
 and its statement runner), :mod:`.pool`, :mod:`.store`, :mod:`.transaction` (the exactly-once
 port), :mod:`.handler_connection` and :mod:`.sqlalchemy_guard` (what a handler may not do to
-its transaction).
+its transaction), :mod:`.outbox` (the outbox's port).
 """
 
 from rocketmq_dedup.stores.mysql.errors import is_connection_error
 from rocketmq_dedup.stores.mysql.handler_connection import HandlerConnection
+from rocketmq_dedup.stores.mysql.outbox import MySQLOutboxTables
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
 from rocketmq_dedup.stores.mysql.sql import (
     CLAIM_SQL,
@@ -61,6 +67,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     RENEW_SQL,
     SCHEMA_SQL,
     SELECT_SQL,
+    outbox_table_names,
     schema_sql,
     schema_statements,
     sequence_table_name,
@@ -93,9 +100,11 @@ __all__ = [
     "ConnectionPool",
     "HandlerConnection",
     "MySQLDedupStore",
+    "MySQLOutboxTables",
     "MySQLTransactions",
     "describe_factory",
     "is_connection_error",
+    "outbox_table_names",
     "schema_sql",
     "schema_statements",
     "sequence_table_name",

@@ -4,7 +4,7 @@ the quoted table name, ``{rows}``/``{marks}`` the placeholders of a multi-row st
 from __future__ import annotations
 
 import re
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from rocketmq_dedup.errors import DedupConfigError
 
@@ -252,11 +252,183 @@ def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> Optional[str]:
 
 def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
     """The ``CREATE TABLE IF NOT EXISTS`` statements of every table the store uses: the dedup
-    table, and the exactly-once mode's sequence table when its name fits (see
-    :func:`sequence_table_name`). What ``create_table()`` runs and ``rocketmq-dedup schema
-    mysql`` prints."""
+    table, the exactly-once mode's sequence table and the outbox's two tables, each when its
+    name fits (see :func:`sequence_table_name`, :func:`outbox_table_names`). What
+    ``create_table()`` runs and ``rocketmq-dedup schema mysql`` prints."""
     statements = [schema_sql(table_name)]
     sequence = sequence_table_name(table_name)
     if sequence is not None:
         statements.append(SEQUENCE_SCHEMA_SQL.format(table=quote_table(sequence)))
+    outbox = outbox_table_names(table_name)
+    if outbox is not None:
+        statements.append(OUTBOX_SCHEMA_SQL.format(table=quote_table(outbox[0])))
+        statements.append(OUTBOX_LANE_SCHEMA_SQL.format(table=quote_table(outbox[1])))
     return statements
+
+
+# -- the outbox (rocketmq_dedup.outbox; the port: rocketmq_dedup.stores.outbox) -----------------
+
+#: The outbox tables are named after the dedup table: ``<table>_outbox`` and
+#: ``<table>_outbox_lane``.
+OUTBOX_TABLE_SUFFIX = "_outbox"
+OUTBOX_LANE_TABLE_SUFFIX = "_outbox_lane"
+
+# One row per message a handler sends. `id` orders a sharding key's rows (assigned under the
+# key's lock in <table>_outbox_lane, so in commit order); `due_at` is when a relay may take the
+# row (0 at first: at once; a backoff after a failed send; the end of a claim's lease), and
+# `claimed_by` the claim that holds it. (lane, status, id): each sharding key's first PENDING
+# row in one index dive per key (a loose index scan), and its next ones; (status, lane, id):
+# the PENDING rows without a sharding key in order, the backlog, the operators' lists.
+OUTBOX_SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  id            BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+  status        VARCHAR(8)      NOT NULL COMMENT 'PENDING, SENT, PARKED or DROPPED',
+  lane          VARCHAR(64)     NULL     COMMENT 'the sharding key: rows sent in commit order',
+  topic         VARCHAR(127)    NOT NULL,
+  tag           VARCHAR(128)    NULL,
+  message_key   VARCHAR(128)    NOT NULL COMMENT 'the message key, the same on every send',
+  other_keys    VARCHAR(2048)   NOT NULL DEFAULT '' COMMENT 'further keys, space-separated',
+  properties    TEXT            NULL     COMMENT 'user properties, a JSON object',
+  body          MEDIUMBLOB      NOT NULL,
+  created_at    BIGINT          NOT NULL COMMENT 'epoch ms, database server clock',
+  due_at        BIGINT          NOT NULL DEFAULT 0 COMMENT 'epoch ms: no relay takes it before',
+  claimed_by    VARCHAR(64)     NULL     COMMENT 'the relay claim holding it',
+  attempts      INT UNSIGNED    NOT NULL DEFAULT 0 COMMENT 'sends tried',
+  failing_since BIGINT          NULL     COMMENT 'epoch ms of the first failed send',
+  sent_at       BIGINT          NULL     COMMENT 'epoch ms: sent (or dropped)',
+  broker_msg_id VARCHAR(128)    NULL     COMMENT 'the message id the broker acknowledged',
+  last_error    VARCHAR(1024)   NULL,
+  PRIMARY KEY (id),
+  KEY status_lane_id (status, lane, id),
+  KEY lane_status_id (lane, status, id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
+
+# A sharding key's lock: a row written with the key's first outbox row, updated by every later
+# one, locked until the handler's transaction ends.
+OUTBOX_LANE_SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  lane    VARCHAR(64) NOT NULL COMMENT 'a sharding key',
+  used_at BIGINT      NOT NULL COMMENT 'epoch ms of its last outbox row',
+  PRIMARY KEY (lane)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
+
+# In the handler's transaction. The lock first (an upsert takes an exclusive lock at once), so a
+# second transaction writing for the same key waits for the first to end, and its row's id is
+# assigned after the first one's commit.
+OUTBOX_LANE_LOCK_SQL = (
+    f"INSERT INTO {{lanes}} (lane, used_at) VALUES (%s, {NOW_MS}) "
+    "ON DUPLICATE KEY UPDATE used_at = VALUES(used_at)"
+)
+OUTBOX_INSERT_SQL = (
+    "INSERT INTO {table} (status, lane, topic, tag, message_key, other_keys, properties, body, "
+    f"created_at) VALUES ('PENDING', %s, %s, %s, %s, %s, %s, %s, {NOW_MS})"
+)
+# The relays' connections read committed: no gap locks (a relay never blocks a handler's INSERT).
+RELAY_SESSION_SQL = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+# A relay's claim. 1. Heads, in one consistent read: each sharding key's first PENDING row (its
+# oldest: the key's rows commit in id order, so a read that sees a row sees every earlier one of
+# its key), if it is due and no row of the key is PARKED (a parked row holds back the rest of
+# its key), and the PENDING rows without a sharding key that are due; in id order.
+OUTBOX_HEADS_SQL = (
+    "SELECT id, lane FROM ("
+    "SELECT o.id, o.lane FROM (SELECT lane, MIN(id) AS id FROM {table} "
+    "WHERE status = 'PENDING' AND lane IS NOT NULL GROUP BY lane) h "
+    f"JOIN {{table}} o ON o.id = h.id WHERE o.due_at <= {NOW_MS} "
+    "AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.lane = h.lane AND p.status = 'PARKED') "
+    "UNION ALL "
+    "(SELECT id, lane FROM {table} "
+    f"WHERE status = 'PENDING' AND lane IS NULL AND due_at <= {NOW_MS} ORDER BY id LIMIT %s)"
+    ") heads ORDER BY id LIMIT %s"
+)
+# 2. Runs: the PENDING rows that follow a head in its sharding key, in order, with whether each
+# is sendable now (due): a run is the head and the sendable rows right after it. One index range
+# per key (lane, status, id), UNION ALL'd. (A PARKED row is always its key's first unsent row:
+# only heads are sent, so only heads fail; the rows after a head are all PENDING.)
+OUTBOX_RUN_SQL = (
+    f"(SELECT id, lane, due_at <= {NOW_MS} FROM {{table}} "
+    "WHERE lane = %s AND status = 'PENDING' AND id > %s ORDER BY id LIMIT %s)"
+)
+# 3. Lock what is still sendable, skipping rows another relay is claiming (in a transaction).
+OUTBOX_LOCK_SQL = (
+    "SELECT id FROM {table} WHERE id IN ({marks}) AND status = 'PENDING' "
+    f"AND due_at <= {NOW_MS} FOR UPDATE SKIP LOCKED"
+)
+# 4. The claim: held for the lease; then the rows to send (and COMMIT).
+OUTBOX_CLAIM_SQL = (
+    f"UPDATE {{table}} SET claimed_by = %s, due_at = {NOW_MS} + %s WHERE id IN ({{marks}})"
+)
+OUTBOX_CLAIMED_SQL = (
+    "SELECT id, topic, tag, message_key, other_keys, properties, body, lane, attempts, "
+    f"{NOW_MS} - failing_since FROM {{table}} WHERE id IN ({{marks}})"
+)
+# After the broker's answers; each changes only rows the claim still holds.
+OUTBOX_SENT_SQL = (
+    f"UPDATE {{table}} SET status = 'SENT', sent_at = {NOW_MS}, claimed_by = NULL, "
+    "attempts = attempts + 1, broker_msg_id = ELT(FIELD(id, {marks}), {marks}) "
+    "WHERE id IN ({marks}) AND claimed_by = %s"
+)
+OUTBOX_RETRY_LATER_SQL = (
+    f"UPDATE {{table}} SET claimed_by = NULL, due_at = {NOW_MS} + %s, attempts = attempts + 1, "
+    f"last_error = %s, failing_since = COALESCE(failing_since, {NOW_MS}) "
+    "WHERE id = %s AND claimed_by = %s"
+)
+OUTBOX_PARK_SQL = (
+    "UPDATE {table} SET status = 'PARKED', claimed_by = NULL, attempts = attempts + 1, "
+    f"last_error = %s, failing_since = COALESCE(failing_since, {NOW_MS}) "
+    "WHERE id = %s AND claimed_by = %s"
+)
+OUTBOX_RELEASE_SQL = (
+    f"UPDATE {{table}} SET claimed_by = NULL, due_at = {NOW_MS} + %s "
+    "WHERE id IN ({marks}) AND claimed_by = %s"
+)
+# The backlog: PENDING rows (counted on the (status, id) index), the oldest one's age, PARKED.
+OUTBOX_BACKLOG_SQL = (
+    "SELECT (SELECT COUNT(*) FROM {table} WHERE status = 'PENDING'), "
+    f"(SELECT {NOW_MS} - created_at FROM {{table}} "
+    "WHERE id = (SELECT MIN(id) FROM {table} WHERE status = 'PENDING')), "
+    "(SELECT COUNT(*) FROM {table} WHERE status = 'PARKED')"
+)
+# Operators (rocketmq-dedup outbox ...).
+_OUTBOX_LISTED = (
+    f"id, status, topic, tag, message_key, lane, attempts, {NOW_MS} - created_at, "
+    f"due_at - {NOW_MS}, claimed_by, LENGTH(body), last_error"
+)
+OUTBOX_LIST_SQL = f"SELECT {_OUTBOX_LISTED} FROM {{table}} WHERE id > %s ORDER BY id LIMIT %s"
+OUTBOX_LIST_STATUS_SQL = (
+    f"SELECT {_OUTBOX_LISTED} FROM {{table}} WHERE status = %s AND id > %s ORDER BY id LIMIT %s"
+)
+_OUTBOX_RETRYABLE = "(status = 'PARKED' OR (status = 'PENDING' AND claimed_by IS NULL))"
+OUTBOX_RETRY_SQL = (
+    "UPDATE {table} SET status = 'PENDING', due_at = 0, failing_since = NULL "
+    f"WHERE id IN ({{marks}}) AND {_OUTBOX_RETRYABLE}"
+)
+OUTBOX_RETRY_PARKED_SQL = (
+    "UPDATE {table} SET status = 'PENDING', due_at = 0, failing_since = NULL "
+    "WHERE status = 'PARKED'"
+)
+OUTBOX_DROP_SQL = (
+    f"UPDATE {{table}} SET status = 'DROPPED', sent_at = {NOW_MS} "
+    f"WHERE id IN ({{marks}}) AND {_OUTBOX_RETRYABLE}"
+)
+OUTBOX_PURGE_SQL = (
+    "DELETE FROM {table} WHERE status IN ('SENT', 'DROPPED') "
+    f"AND sent_at <= {NOW_MS} - %s LIMIT %s"
+)
+# A sharding key's lock row, unused for the retention and with no unsent row: a transaction
+# that takes the lock meanwhile updates used_at first (the DELETE waits for it, then skips it).
+OUTBOX_LANE_PURGE_SQL = (
+    f"DELETE FROM {{lanes}} WHERE used_at <= {NOW_MS} - %s AND NOT EXISTS ("
+    "SELECT 1 FROM {table} o WHERE o.lane = {lanes}.lane AND o.status IN ('PENDING', 'PARKED')) "
+    "LIMIT %s"
+)
+
+
+def outbox_table_names(table_name: str = DEFAULT_TABLE_NAME) -> Optional[Tuple[str, str]]:
+    """The outbox tables that go with the dedup table ``table_name`` (same schema): the outbox
+    and its sharding-key locks; None when ``<table>_outbox_lane`` would be longer than an
+    identifier may be (a table name over 52 characters: no outbox then)."""
+    name = validate_table_name(table_name)
+    lanes = name + OUTBOX_LANE_TABLE_SUFFIX
+    if not _TABLE_NAME_RE.match(lanes):
+        return None
+    return name + OUTBOX_TABLE_SUFFIX, lanes

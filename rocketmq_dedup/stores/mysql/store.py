@@ -35,6 +35,7 @@ from rocketmq_dedup.stores.mysql.errors import (
     is_connection_error,
     refusal_code,
 )
+from rocketmq_dedup.stores.mysql.outbox import MySQLOutboxTables
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
 from rocketmq_dedup.stores.mysql.privileges import explain, grant_account
 from rocketmq_dedup.stores.mysql.purge import MySQLPurgeSession, purge_step
@@ -65,6 +66,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     SELECT_SQL,
     STATS_SQL,
     VERSION_SQL,
+    outbox_table_names,
     quote_table,
     schema_statements,
     sequence_table_name,
@@ -184,6 +186,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
             float(pool_timeout),
             self.describe,
         )
+        self._outbox: Optional[MySQLOutboxTables] = None
 
     @classmethod
     def from_engine(cls, engine: Any, **options: Any) -> MySQLDedupStore:
@@ -212,6 +215,17 @@ class MySQLDedupStore(SqlTables, DedupStore):
     def engine(self) -> Any:
         """The SQLAlchemy ``Engine`` the store was built on (:meth:`from_engine`), else None."""
         return self.transactions.engine
+
+    @property
+    def outbox(self) -> MySQLOutboxTables:
+        """The outbox's tables (``<table>_outbox``, :mod:`.outbox`), with their own small
+        pool (opened on first use). Raises :class:`DedupConfigError` when the table name
+        leaves no room for their names (over 52 characters)."""
+        if self._outbox is None:
+            self._outbox = MySQLOutboxTables(
+                self._open_runner, self.table_name, self._pool.timeout, self.describe
+            )
+        return self._outbox
 
     @property
     def pool(self) -> ConnectionPool:
@@ -282,17 +296,26 @@ class MySQLDedupStore(SqlTables, DedupStore):
         stays usable: it reconnects on its next operation."""
         self._pool.close()
         self.transactions.close()
+        if self._outbox is not None:
+            self._outbox.close()
 
     # -- operator API --------------------------------------------------------------------
 
     def create_table(self) -> None:
         """Create, if they do not exist (idempotent), every table the store uses
-        (:func:`~rocketmq_dedup.stores.mysql.sql.schema_statements`): the dedup table, and the
+        (:func:`~rocketmq_dedup.stores.mysql.sql.schema_statements`): the dedup table, the
         exactly-once mode's sequence table (``<table>_seq``; see
         :mod:`rocketmq_dedup.transactional`), which stays empty unless that mode's
-        ``sequence_key`` is used."""
+        ``sequence_key`` is used, and the outbox's (``<table>_outbox``,
+        ``<table>_outbox_lane``; see :mod:`rocketmq_dedup.outbox`), empty unless used."""
         for statement in schema_statements(self.table_name):
             self._call(self._op, self._run, statement, ())
+        if outbox_table_names(self.table_name) is None:
+            logger.warning(
+                "%s: no outbox tables (%s_outbox_lane would be longer than 64 characters)",
+                self._description,
+                self.table_name,
+            )
         self._add_reason_column()
         self.tables_created()
 

@@ -27,12 +27,12 @@ from tests.integration.exactly_once.support import (
 
 @pytest.fixture(scope="module")
 def table(request: pytest.FixtureRequest) -> Iterator[str]:
-    """This module's dedup table (and its sequence table) on each database, dropped at the
-    end."""
+    """This module's dedup table (and its sequence and outbox tables) on each database, dropped
+    at the end."""
     name = unique(f"t_eo_{request.module.__name__.rpartition('_')[2][:8]}")
     yield name
-    for db in (MYSQL_DB, POSTGRES_DB):
-        db.drop(name, f"{name}_seq")
+    for db in (MYSQL_DB, POSTGRES_DB):  # (the outbox's tables: MySQL's store only)
+        db.drop(name, f"{name}_seq", f"{name}_outbox", f"{name}_outbox_lane")
 
 
 @pytest.fixture(params=DRIVERS)

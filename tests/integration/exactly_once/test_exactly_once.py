@@ -111,7 +111,7 @@ def test_a_dedup_statement_error_rolls_back(
         assert status_of(config, "m1") is None
     finally:
         config.close()
-        db.drop(name)
+        db.drop(name, f"{name}_outbox", f"{name}_outbox_lane")
 
 
 def test_batches_are_one_transaction_per_message(config: DedupConfig, effects: EffectTable) -> None:
@@ -537,7 +537,8 @@ def test_a_message_without_a_key_still_runs_in_a_transaction(
 
 
 def test_create_table_creates_every_table_idempotently(client: Any, db: Database) -> None:
-    """create_table() twice: the dedup and the sequence table exist, nothing fails."""
+    """create_table() twice: the dedup and the sequence table exist (and on MySQL the outbox's
+    tables), nothing fails."""
     name = unique("t_eo_tables")
     config = make_config(client, name)
     query = (
@@ -550,20 +551,22 @@ def test_create_table_creates_every_table_idempotently(client: Any, db: Database
         assert isinstance(config.persist, SQL_STORES)
         config.persist.create_table()
         config.persist.create_table()
-        assert {str(t) for (t,) in db.sql(query, (name + "%",))} == {name, name + "_seq"}
+        outbox = set() if db is POSTGRES_DB else {name + "_outbox", name + "_outbox_lane"}
+        tables = {str(t) for (t,) in db.sql(query, (name + "%",))}
+        assert tables == {name, name + "_seq", *outbox}
     finally:
         config.close()
-        db.drop(name, f"{name}_seq")
+        db.drop(name, f"{name}_seq", f"{name}_outbox", f"{name}_outbox_lane")
 
 
 def test_schema_mysql_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
-    """The CLI's schema mysql prints the dedup table and its sequence table."""
+    """The CLI's schema mysql prints the dedup table, its sequence table and the outbox's."""
     from rocketmq_dedup.cli import main
 
     assert main(["schema", "mysql", "--table", "t_x"]) == 0
     out = capsys.readouterr().out
-    assert "CREATE TABLE IF NOT EXISTS `t_x` (" in out
-    assert "CREATE TABLE IF NOT EXISTS `t_x_seq` (" in out
+    for table in ("t_x", "t_x_seq", "t_x_outbox", "t_x_outbox_lane"):
+        assert f"CREATE TABLE IF NOT EXISTS `{table}` (" in out
 
 
 def test_schema_postgres_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
