@@ -29,15 +29,19 @@ class RateLimitedLog:
         self.interval = interval
         self._clock = clock
         self._lock = threading.Lock()
-        self._state: Dict[Tuple[int, str], Tuple[float, int]] = {}  # -> (next line at, count)
+        # (level, template, about) -> (next line at, count)
+        self._state: Dict[Tuple[int, str, str], Tuple[float, int]] = {}
 
-    def log(self, level: int, template: str, *args: Any, exc_info: Any = None) -> None:
+    def log(
+        self, level: int, template: str, *args: Any, exc_info: Any = None, about: str = ""
+    ) -> None:
         """Log ``template % args`` at ``level`` unless the same template was logged less than
-        ``interval`` seconds ago."""
+        ``interval`` seconds ago (per ``about``, e.g. the store a line is about: two stores'
+        lines are limited apart)."""
         if not self.logger.isEnabledFor(level):
             return
         now = self._clock()
-        key = (level, template)
+        key = (level, template, about)
         with self._lock:
             due, suppressed = self._state.get(key, (0.0, 0))
             if now < due:

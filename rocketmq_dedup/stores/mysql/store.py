@@ -521,6 +521,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
             REASON_COLUMN,
             exc,
             ADD_REASON_SQL.format(table=self._table),
+            about=self._description,
         )
 
     def do_release(self, claim: Claim) -> bool:

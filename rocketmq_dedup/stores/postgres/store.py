@@ -465,6 +465,7 @@ class PostgresDedupStore(SqlTables, DedupStore):
             self._description,
             server_message(exc),
             ADD_REASON_SQL.format(table=quote_table(self.table_name)),
+            about=self._description,
         )
 
     def do_release(self, claim: Claim) -> bool:
