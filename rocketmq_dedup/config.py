@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import math
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -37,6 +38,9 @@ from rocketmq_dedup.status import (
 )
 from rocketmq_dedup.stores import STORE_OPTIONS, check_usable, make_store
 from rocketmq_dedup.stores.base import DedupStore
+
+if TYPE_CHECKING:  # the module imports this one
+    from rocketmq_dedup.once import Once
 
 T = TypeVar("T")
 
@@ -369,6 +373,9 @@ class DedupConfig:
         #: Where the records live (None with dedup disabled); ``persist``, the Java name.
         self.store: Optional[DedupStore] = persist if enabled else None
         self.enabled = bool(enabled)
+        #: The strategies of this config's deduplicated calls (:mod:`rocketmq_dedup.once`),
+        #: by kind, made on first use and closed with the config.
+        self.call_strategies: Dict[str, Any] = {}
         for name, setting in _SETTINGS.items():
             setattr(self, name, settings.get(name, setting.default))
 
@@ -464,11 +471,25 @@ class DedupConfig:
         snap = self.snapshot()
         return redelivery_horizon_ms(snap.max_reconsume_times, snap.max_delivery_delay_ms)
 
+    # -- deduplicated calls ----------------------------------------------------------------
+
+    def once(self, key: Any, **options: Any) -> Once:
+        """A block of work done once per ``key``, with this config's store, leases and
+        metrics: ``with config.once(order_id) as run: if run: ...``
+        (:class:`rocketmq_dedup.once.Once`; ``options``: ``topic``, ``tag``, ``payload``,
+        ``in_progress_wait_milli_seconds``)."""
+        from rocketmq_dedup.once import Once
+
+        return Once(self, key, **options)
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connections the store opened itself (never the user's client). The store
-        reconnects if it is used again."""
+        """Close the connections the store opened itself (never the user's client), and stop
+        the lease renewal of its deduplicated calls. The store reconnects if it is used
+        again."""
+        for strategy in list(self.call_strategies.values()):
+            strategy.close()
         if self.store is not None:
             self.store.close()
 

@@ -210,6 +210,13 @@ class DedupTemplate(Strategy):
         snap = self.config.snapshot()
         started = snap.meter.arrival()
         deliveries = [Delivery(i, msg, started) for i, msg in enumerate(msgs)]
+        return self._consume_deliveries(deliveries, snap, stop_at_failure)
+
+    def _consume_deliveries(
+        self, deliveries: List[Delivery], snap: Snapshot, stop_at_failure: bool = False
+    ) -> List[ConsumeStatus]:
+        """The template's steps over ``deliveries`` (made by :meth:`consume`, or by a caller
+        that reads each one's decision afterwards: a deduplicated call)."""
         keyed = [d for d in deliveries if self._key(d, snap)]
         held = self._claim(keyed, snap) if keyed else []
         statuses: List[ConsumeStatus] = []
