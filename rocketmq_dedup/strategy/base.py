@@ -194,64 +194,15 @@ DUPLICATE_ANSWERS: Dict[Optional[DedupStatus], Tuple[Outcome, ConsumeStatus]] = 
 }
 
 
-class DedupTemplate(Strategy):
-    """The consume template of the dedup strategies (module docstring): subclasses supply the
-    claim, run and finish steps."""
+class DedupDecisions:
+    """The decisions every dedup strategy shares, sync or asyncio (they do no I/O): the key
+    step, what a refusing record means, what a store failure does, hooks that raise. A
+    strategy holds its ``config`` and ``hooks``; the store and the I/O are its own."""
 
     def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
-        super().__init__(hooks)
-        if config.store is None:
-            raise ValueError(f"{type(self).__name__} needs a config with a store")
         self.config = config
-        self.store: DedupStore = config.store
+        self.hooks = hooks
         self._log = RateLimitedLog(logger)
-
-    def consume(self, msgs: Sequence[Any], stop_at_failure: bool = False) -> List[ConsumeStatus]:
-        snap = self.config.snapshot()
-        started = snap.meter.arrival()
-        deliveries = [Delivery(i, msg, started) for i, msg in enumerate(msgs)]
-        return self._consume_deliveries(deliveries, snap, stop_at_failure)
-
-    def _consume_deliveries(
-        self, deliveries: List[Delivery], snap: Snapshot, stop_at_failure: bool = False
-    ) -> List[ConsumeStatus]:
-        """The template's steps over ``deliveries`` (made by :meth:`consume`, or by a caller
-        that reads each one's decision afterwards: a deduplicated call)."""
-        keyed = [d for d in deliveries if self._key(d, snap)]
-        held = self._claim(keyed, snap) if keyed else []
-        statuses: List[ConsumeStatus] = []
-        try:
-            for delivery in deliveries:
-                status = delivery.status
-                if status is None:
-                    status = self._run(delivery, snap)
-                statuses.append(status)
-                if stop_at_failure and status is not SUCCESS:
-                    break
-        finally:  # whatever happened, nothing stays held by this call
-            if held:
-                self._finish(held, statuses, snap)
-            # those after a batch's first failure are counted when they come back
-            snap.meter.report(deliveries[: len(statuses)])
-        if len(statuses) < len(deliveries):  # stopped at a failure
-            statuses += [LATER] * (len(deliveries) - len(statuses))
-        return statuses
-
-    # -- the steps the strategies supply -------------------------------------------------
-
-    def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
-        """Decide what can be decided before any handler runs (``delivery.status``); return
-        the deliveries this call now holds (settled by :meth:`_finish`)."""
-        raise NotImplementedError
-
-    def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
-        """Handle one delivery not decided by the claim step."""
-        raise NotImplementedError
-
-    def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
-        """Settle the held deliveries; ``statuses`` holds the answers of the deliveries
-        reached (a stopped batch reached fewer). Never raises a StoreError."""
-        raise NotImplementedError
 
     # -- the key step ----------------------------------------------------------------------
 
@@ -424,6 +375,64 @@ class DedupTemplate(Strategy):
             except Exception:
                 self._log.log(logging.ERROR, "on_duplicate raised; ignored", exc_info=True)
         return answer
+
+
+class DedupTemplate(DedupDecisions, Strategy):
+    """The consume template of the dedup strategies (module docstring): subclasses supply the
+    claim, run and finish steps."""
+
+    def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
+        DedupDecisions.__init__(self, config, hooks)
+        if config.store is None:
+            raise ValueError(f"{type(self).__name__} needs a config with a store")
+        self.store: DedupStore = config.store
+
+    def consume(self, msgs: Sequence[Any], stop_at_failure: bool = False) -> List[ConsumeStatus]:
+        snap = self.config.snapshot()
+        started = snap.meter.arrival()
+        deliveries = [Delivery(i, msg, started) for i, msg in enumerate(msgs)]
+        return self._consume_deliveries(deliveries, snap, stop_at_failure)
+
+    def _consume_deliveries(
+        self, deliveries: List[Delivery], snap: Snapshot, stop_at_failure: bool = False
+    ) -> List[ConsumeStatus]:
+        """The template's steps over ``deliveries`` (made by :meth:`consume`, or by a caller
+        that reads each one's decision afterwards: a deduplicated call)."""
+        keyed = [d for d in deliveries if self._key(d, snap)]
+        held = self._claim(keyed, snap) if keyed else []
+        statuses: List[ConsumeStatus] = []
+        try:
+            for delivery in deliveries:
+                status = delivery.status
+                if status is None:
+                    status = self._run(delivery, snap)
+                statuses.append(status)
+                if stop_at_failure and status is not SUCCESS:
+                    break
+        finally:  # whatever happened, nothing stays held by this call
+            if held:
+                self._finish(held, statuses, snap)
+            # those after a batch's first failure are counted when they come back
+            snap.meter.report(deliveries[: len(statuses)])
+        if len(statuses) < len(deliveries):  # stopped at a failure
+            statuses += [LATER] * (len(deliveries) - len(statuses))
+        return statuses
+
+    # -- the steps the strategies supply -------------------------------------------------
+
+    def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
+        """Decide what can be decided before any handler runs (``delivery.status``); return
+        the deliveries this call now holds (settled by :meth:`_finish`)."""
+        raise NotImplementedError
+
+    def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
+        """Handle one delivery not decided by the claim step."""
+        raise NotImplementedError
+
+    def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
+        """Settle the held deliveries; ``statuses`` holds the answers of the deliveries
+        reached (a stopped batch reached fewer). Never raises a StoreError."""
+        raise NotImplementedError
 
     # -- metrics -------------------------------------------------------------------------
 
