@@ -37,6 +37,7 @@ from rocketmq_dedup.status import (
     StoreFailurePolicy,
 )
 from rocketmq_dedup.stores import STORE_OPTIONS, check_usable, make_store
+from rocketmq_dedup.stores.aio import AsyncDedupStore, make_async_store
 from rocketmq_dedup.stores.base import DedupStore
 
 if TYPE_CHECKING:  # the module imports this one
@@ -346,7 +347,7 @@ class DedupConfig:
     def __init__(
         self,
         application_name: str,
-        persist: Optional[DedupStore] = None,
+        persist: Union[DedupStore, AsyncDedupStore, None] = None,
         *,
         enabled: bool = True,
         **settings: Any,
@@ -358,10 +359,11 @@ class DedupConfig:
                 "dedup is enabled but no store was given; use "
                 "DedupConfig.disable_dedup_consume_config(name) to turn dedup off"
             )
-        if persist is not None and not isinstance(persist, DedupStore):
+        if persist is not None and not isinstance(persist, (DedupStore, AsyncDedupStore)):
             raise DedupConfigError(
-                f"persist must be a DedupStore; got {type(persist).__qualname__} (pass clients "
-                "to DedupConfig.enable_dedup_consume_config, which builds the store)"
+                "persist must be a DedupStore or an AsyncDedupStore; got "
+                f"{type(persist).__qualname__} (pass clients to "
+                "DedupConfig.enable_dedup_consume_config, which builds the store)"
             )
         unknown = set(settings) - set(_SETTINGS)
         if unknown:
@@ -370,8 +372,18 @@ class DedupConfig:
         self._used: Dict[str, Any] = {}
         self._snapshot: Optional[Snapshot] = None
         self.application_name = application_name
-        #: Where the records live (None with dedup disabled); ``persist``, the Java name.
-        self.store: Optional[DedupStore] = persist if enabled else None
+        #: Where the records live (None with dedup disabled, or an asyncio store);
+        #: ``persist``, the Java name.
+        self.store: Optional[DedupStore] = None
+        #: The asyncio store (:mod:`rocketmq_dedup.aio`), when the records live in one.
+        self.async_store: Optional[AsyncDedupStore] = None
+        #: The application whose start-up check an asyncio store still owes (it runs when an
+        #: asyncio listener starts, or at the first call: :meth:`check_async_store`).
+        self.pending_check: Optional[str] = None
+        if enabled and isinstance(persist, AsyncDedupStore):
+            self.async_store = persist
+        elif enabled and isinstance(persist, DedupStore):
+            self.store = persist
         self.enabled = bool(enabled)
         #: The strategies of this config's deduplicated calls (:mod:`rocketmq_dedup.once`),
         #: by kind, made on first use and closed with the config.
@@ -419,11 +431,16 @@ class DedupConfig:
         if unknown:
             raise DedupConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
         _flag("check_store", check_store)
-        store = make_store(client, **{k: v for k, v in options.items() if k in STORE_OPTIONS})
+        store_options = {k: v for k, v in options.items() if k in STORE_OPTIONS}
+        store: Union[DedupStore, AsyncDedupStore, None] = make_async_store(client, **store_options)
+        if store is None:
+            store = make_store(client, **store_options)
         settings = {k: v for k, v in options.items() if k in _SETTINGS}
         config = cls(application_name, store, **settings)  # settings fail before any I/O
-        if check_store:
+        if check_store and isinstance(store, DedupStore):
             check_usable(store, application_name)
+        elif check_store:  # awaited where the loop is: when an asyncio listener starts
+            config.pending_check = application_name
         return config
 
     @classmethod
@@ -482,6 +499,18 @@ class DedupConfig:
 
         return Once(self, key, **options)
 
+    async def check_async_store(self) -> None:
+        """The start-up check an asyncio store owes (``check_store=True``), once: awaited when
+        an asyncio listener starts (``async with listener``) or by the first call that needs
+        the store; raises :class:`DedupConfigError` as the sync check does."""
+        application, self.pending_check = self.pending_check, None
+        if application is not None and self.async_store is not None:
+            try:
+                await self.async_store.check_usable(application)
+            except BaseException:
+                self.pending_check = application  # checked again by the next start
+                raise
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
@@ -493,6 +522,12 @@ class DedupConfig:
         if self.store is not None:
             self.store.close()
 
+    async def aclose(self) -> None:
+        """:meth:`close` for a config of an asyncio store (its connections are the loop's)."""
+        self.close()
+        if self.async_store is not None:
+            await self.async_store.aclose()
+
     def __enter__(self) -> DedupConfig:
         return self
 
@@ -501,7 +536,8 @@ class DedupConfig:
 
     def __repr__(self) -> str:
         snap = self.snapshot()
-        store = self.store.describe() if self.store is not None else None
+        where = self.store if self.store is not None else self.async_store
+        store = where.describe() if where is not None else None
         return (
             f"DedupConfig(application_name={self.application_name!r}, enabled={self.enabled}, "
             f"persist={store!r}, lease_ms={snap.lease_ms}, retention_ms={snap.retention_ms}, "

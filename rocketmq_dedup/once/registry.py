@@ -9,6 +9,7 @@ from typing import Any, Optional
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.once.call import CALL_HOOKS
 from rocketmq_dedup.once.strategy import CallStrategy, CallTransactionStrategy
+from rocketmq_dedup.strategy import refuse_async_store
 from rocketmq_dedup.strategy.exactly_once import transactions_of
 
 _LOCK = threading.Lock()
@@ -28,6 +29,7 @@ def _strategies(config: Any) -> Any:
 def plain_strategy(config: Any) -> Optional[CallStrategy]:
     """The config's plain call strategy; None when dedup is disabled."""
     strategies = _strategies(config)
+    refuse_async_store(config, "a sync deduplicated call", "its async form (async with, async def)")
     if not config.enabled or config.store is None:
         return None
     strategy = strategies.get(PLAIN)

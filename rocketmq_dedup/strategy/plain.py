@@ -233,29 +233,6 @@ class ClaimStrategy(DedupTemplate):
             return
         self._released(len(claims), released)
 
-    def _mark_failed(self, count: int, exc: StoreError) -> None:
-        """Marking CONSUMED failed after the handler succeeded: acked anyway (the claim lapses
-        after the lease, and a redelivery after that may run the handler again)."""
-        self._log.log(
-            logging.ERROR,
-            "handled %d message(s) but could not mark them CONSUMED (%s); acking anyway",
-            count,
-            exc,
-        )
-
-    def _release_failed(self, count: int, exc: StoreError) -> None:
-        """The retry finds the claims CONSUMING until their lease lapses, then runs."""
-        self._log.log(logging.ERROR, "could not release %d claim(s) (%s)", count, exc)
-
-    @staticmethod
-    def _released(count: int, released: int) -> None:
-        if released < count:
-            logger.info(
-                "%d of %d claim(s) had already expired and were taken over; left untouched",
-                count - released,
-                count,
-            )
-
     # -- lease keeper --------------------------------------------------------------------
 
     def _lease_keeper(self, snap: Snapshot) -> Optional[LeaseKeeper]:
