@@ -1,0 +1,20 @@
+"""The asyncio Redis store (standalone, Cluster, Sentinel): the store contract and the listener
+cases (the asyncio listener through the classic push bridge), on the real servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocketmq_dedup.stores.base import DedupStore
+from tests.aio_support import bound
+from tests.conftest import make_async_store
+from tests.shared.listener_cases import *  # noqa: F403
+from tests.shared.store_contract import *  # noqa: F403
+
+SERVER_KINDS = ["aio_redis", "aio_redis_cluster", "aio_redis_sentinel"]
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def store(request: pytest.FixtureRequest) -> DedupStore:
+    """Every asyncio server store, bound to the test loop."""
+    return bound(make_async_store(request.param, request))
