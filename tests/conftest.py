@@ -15,10 +15,10 @@ import redis
 
 from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, PostgresDedupStore, RedisDedupStore
 from rocketmq_dedup.stores import make_store as make_store_for
-from rocketmq_dedup.stores.base import DedupStore
-from rocketmq_dedup.stores.foreign import ForeignStore
 from rocketmq_dedup.stores.aio import AsyncDedupStore, AsyncMemoryDedupStore
 from rocketmq_dedup.stores.aio import make_async_store as make_async_store_for
+from rocketmq_dedup.stores.base import DedupStore
+from rocketmq_dedup.stores.foreign import ForeignStore
 from tests import aio_support
 from tests.aio_support import LoopThread
 from tests.native import NativeBuildError, build_library
