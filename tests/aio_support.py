@@ -6,8 +6,11 @@ and listeners called from threads) run on the asyncio path unchanged."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
-from typing import Any, Awaitable, Callable, Iterable, List, Optional, TypeVar
+import time
+from typing import Any, Awaitable, Callable, Iterable, List, Optional, Tuple, TypeVar
 
 from rocketmq_dedup import BatchResult, ConsumeStatus, DedupConfig
 from rocketmq_dedup.aio import AsyncDedupConcurrentListener
@@ -113,3 +116,46 @@ class BridgedListener:
 def async_store_of(store: Any) -> Optional[AsyncDedupStore]:
     """The asyncio store behind a shared suite's ``store`` (None for a sync store)."""
     return store.aio if isinstance(store, LoopBoundStore) else None
+
+
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1 that holds every chunk it forwards for ``delay`` seconds, to a
+    server at ``target``: a store behind it answers slowly, so a call that blocked the event
+    loop on it would show as a slow callback (asyncio's debug mode)."""
+
+    def __init__(self, target: Tuple[str, int], delay: float) -> None:
+        self.target = target
+        self.delay = delay
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while not self._closed.is_set():
+                data = source.recv(65536)
+                if not data:
+                    break
+                time.sleep(self.delay)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._server.close()
