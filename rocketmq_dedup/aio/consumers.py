@@ -98,7 +98,12 @@ class PushBridge:
             raise RuntimeError("a PushBridge was called on its own event loop's thread")
         self._slots.acquire()  # back-pressure: the client's thread waits for a slot
         try:
-            answer = asyncio.run_coroutine_threadsafe(self.listener(msg), loop)
+            consuming = self.listener(msg)
+            try:
+                answer = asyncio.run_coroutine_threadsafe(consuming, loop)
+            except BaseException:  # the loop is closed: the message never started
+                consuming.close()
+                raise
             return _wait_for(answer, loop)
         finally:
             self._slots.release()
