@@ -10,6 +10,7 @@ setting assigned while messages flow applies from the next batch, never half-way
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import math
@@ -380,6 +381,7 @@ class DedupConfig:
         #: The application whose start-up check an asyncio store still owes (it runs when an
         #: asyncio listener starts, or at the first call: :meth:`check_async_store`).
         self.pending_check: Optional[str] = None
+        self._checking: Optional[asyncio.Future[None]] = None
         if enabled and isinstance(persist, AsyncDedupStore):
             self.async_store = persist
         elif enabled and isinstance(persist, DedupStore):
@@ -502,14 +504,26 @@ class DedupConfig:
     async def check_async_store(self) -> None:
         """The start-up check an asyncio store owes (``check_store=True``), once: awaited when
         an asyncio listener starts (``async with listener``) or by the first call that needs
-        the store; raises :class:`DedupConfigError` as the sync check does."""
-        application, self.pending_check = self.pending_check, None
-        if application is not None and self.async_store is not None:
+        the store (calls made meanwhile wait for it); raises :class:`DedupConfigError` as the
+        sync check does, and a later call checks again."""
+        if self.pending_check is None and self._checking is None:
+            return
+        if self._checking is None:
+            application, self.pending_check = self.pending_check, None
+            assert application is not None and self.async_store is not None
+            self._checking = asyncio.ensure_future(self.async_store.check_usable(application))
+            checking = self._checking
             try:
-                await self.async_store.check_usable(application)
+                await asyncio.shield(checking)
             except BaseException:
-                self.pending_check = application  # checked again by the next start
+                if checking.done() and (checking.cancelled() or checking.exception()):
+                    self.pending_check = application  # checked again by the next start
                 raise
+            finally:
+                if checking.done():
+                    self._checking = None
+            return
+        await asyncio.shield(self._checking)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -518,12 +532,16 @@ class DedupConfig:
         the lease renewal of its deduplicated calls. The store reconnects if it is used
         again."""
         for strategy in list(self.call_strategies.values()):
-            strategy.close()
+            if hasattr(strategy, "close"):  # the asyncio ones close in aclose()
+                strategy.close()
         if self.store is not None:
             self.store.close()
 
     async def aclose(self) -> None:
         """:meth:`close` for a config of an asyncio store (its connections are the loop's)."""
+        for strategy in list(self.call_strategies.values()):
+            if hasattr(strategy, "aclose"):
+                await strategy.aclose()
         self.close()
         if self.async_store is not None:
             await self.async_store.aclose()

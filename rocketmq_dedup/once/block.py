@@ -41,7 +41,7 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.once.call import DEFAULT_ONCE_TOPIC, Call
-from rocketmq_dedup.once.registry import plain_strategy
+from rocketmq_dedup.once.registry import async_strategy, plain_strategy
 from rocketmq_dedup.once.strategy import CallDelivery, CallStrategy
 from rocketmq_dedup.status import DedupStatus, Outcome, PayloadMismatch
 
@@ -131,24 +131,58 @@ class Once:
         delivery = self._delivery
         if delivery is None:
             return
+        if self._fresh and delivery.status is None:
+            strategy: Optional[CallStrategy] = plain_strategy(self._config)
+            assert strategy is not None
+            strategy.end(delivery, exc_type is None)
+        self._check_consulted(exc_type)
+
+    def _check_consulted(self, exc_type: Optional[Type[BaseException]]) -> None:
+        """A body that never tested ``run``: a WARNING (fresh) or :class:`DedupUsageError` (a
+        duplicate whose work was done again); never over the body's own exception."""
+        if self._delivery is None or self._consulted or exc_type is not None:
+            return
         if self._fresh:
-            if delivery.status is None:
-                strategy: Optional[CallStrategy] = plain_strategy(self._config)
-                assert strategy is not None
-                strategy.end(delivery, exc_type is None)
-            if not self._consulted and exc_type is None:
-                _log.log(
-                    logging.WARNING,
-                    "the body of `with config.once(%r)` never tested its `run` value: on a "
-                    "duplicate it would do its work again; write `if run:` before the work",
-                    self._call.key,
-                )
-        elif not self._consulted and exc_type is None:
+            _log.log(
+                logging.WARNING,
+                "the body of `with config.once(%r)` never tested its `run` value: on a "
+                "duplicate it would do its work again; write `if run:` before the work",
+                self._call.key,
+            )
+        else:
             raise DedupUsageError(
                 f"the body of `with config.once({self._call.key!r}) as run:` ran for a duplicate "
                 "(the key is CONSUMED) without testing `run`, so its work was done again: "
                 "write `if run:` before the work"
             )
+
+    # -- the block, awaited (an asyncio store) ---------------------------------------------
+
+    async def __aenter__(self) -> Once:
+        if self._entered:
+            raise DedupUsageError("a Once block is entered once: make a new one per block")
+        self._entered = True
+        strategy = async_strategy(self._config)
+        if strategy is None:  # dedup disabled
+            self._fresh = True
+            return self
+        delivery = self._delivery = CallDelivery(0, self._call)
+        await strategy.begin(delivery, self._wait_ms)
+        self._fresh = delivery.status is None or raise_for(delivery)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        delivery = self._delivery
+        if delivery is not None and self._fresh and delivery.status is None:
+            strategy = async_strategy(self._config)
+            assert strategy is not None
+            await strategy.end(delivery, exc_type is None)
+        self._check_consulted(exc_type)
 
     def __repr__(self) -> str:
         decided = "not entered" if not self._entered else ("fresh" if self._fresh else "duplicate")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Concatenate, Optional, ParamSpec, TypeVar
+from typing import Any, Awaitable, Callable, Concatenate, Optional, ParamSpec, TypeVar
 
 from rocketmq_dedup.errors import (
     DedupConfigError,
@@ -15,7 +15,7 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.once.block import Once, raise_for, wait_ms_of
 from rocketmq_dedup.once.call import Call
-from rocketmq_dedup.once.registry import transaction_strategy
+from rocketmq_dedup.once.registry import async_strategy, transaction_strategy
 from rocketmq_dedup.once.strategy import CallDelivery
 from rocketmq_dedup.status import Outcome
 
@@ -33,12 +33,9 @@ def function_topic(fn: Callable[..., Any]) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def _refuse_async(fn: Callable[..., Any], what: str) -> None:
+def _refuse_async(fn: Callable[..., Any], what: str, why: str) -> None:
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        raise DedupConfigError(
-            f"{what} of {fn.__qualname__}, an async def, needs an asyncio store "
-            "(rocketmq_dedup.aio): a sync store would block the event loop"
-        )
+        raise DedupConfigError(f"{what} of {fn.__qualname__}: {why}")
 
 
 def deduplicated(
@@ -80,8 +77,10 @@ def deduplicated(
     wait_ms = wait_ms_of(in_progress_wait_milli_seconds)
 
     def decorate(fn: Callable[P, T]) -> Callable[P, T]:
-        _refuse_async(fn, "deduplicated")
         records = topic if topic is not None else function_topic(fn)
+        if inspect.iscoroutinefunction(fn):
+            return _deduplicated_async(config, key, fn, records, tag, payload, wait_ms)  # type: ignore[return-value]
+        _refuse_async(fn, "deduplicated", "an async generator is no call that returns")
 
         @functools.wraps(fn)
         def call_once(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -100,6 +99,36 @@ def deduplicated(
         return call_once
 
     return decorate
+
+
+def _deduplicated_async(
+    config: Any,
+    key: ArgsFn,
+    fn: Callable[..., Awaitable[Any]],
+    records: str,
+    tag: str,
+    payload: Optional[ArgsFn],
+    wait_ms: Optional[int],
+) -> Callable[..., Awaitable[Any]]:
+    """:func:`deduplicated` of an ``async def``: the same decisions, awaited on the config's
+    asyncio store (``async with`` the call's :class:`Once`)."""
+    async_strategy(config)  # a config of a sync store is refused now, not at the first call
+
+    @functools.wraps(fn)
+    async def call_once(*args: Any, **kwargs: Any) -> Any:
+        data = payload(*args, **kwargs) if payload is not None else None
+        block = Once(config, key(*args, **kwargs), topic=records, tag=tag, payload=data)
+        block._wait_ms = wait_ms
+        async with block as run:
+            if run:
+                return await fn(*args, **kwargs)
+        raise DuplicateConsumedError(
+            f"{fn.__qualname__}: {block.element!r} is CONSUMED: an earlier call ran it",
+            block.element,
+            block._delivery.record if block._delivery is not None else None,
+        )
+
+    return call_once
 
 
 def exactly_once(
@@ -143,7 +172,12 @@ def exactly_once(
     wait_ms = wait_ms_of(in_progress_wait_milli_seconds)
 
     def decorate(fn: Callable[Concatenate[Any, P], T]) -> Callable[P, T]:
-        _refuse_async(fn, "exactly_once")
+        _refuse_async(
+            fn,
+            "exactly_once",
+            "an async def is not supported: the exactly-once mode's transactions are sync (no "
+            "asyncio transaction port yet)",
+        )
         records = topic if topic is not None else function_topic(fn)
 
         @functools.wraps(fn)

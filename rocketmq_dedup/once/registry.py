@@ -8,12 +8,12 @@ from typing import Any, Optional
 
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.once.call import CALL_HOOKS
-from rocketmq_dedup.once.strategy import CallStrategy, CallTransactionStrategy
+from rocketmq_dedup.once.strategy import AsyncCallStrategy, CallStrategy, CallTransactionStrategy
 from rocketmq_dedup.strategy import refuse_async_store
 from rocketmq_dedup.strategy.exactly_once import transactions_of
 
 _LOCK = threading.Lock()
-PLAIN, EXACTLY_ONCE = "plain", "exactly_once"
+PLAIN, EXACTLY_ONCE, ASYNC = "plain", "exactly_once", "asyncio"
 
 
 def _strategies(config: Any) -> Any:
@@ -58,4 +58,25 @@ def transaction_strategy(config: Any) -> CallTransactionStrategy:
             strategy = strategies.get(EXACTLY_ONCE)
             if strategy is None:
                 strategy = strategies[EXACTLY_ONCE] = CallTransactionStrategy(config, CALL_HOOKS)
+    return strategy  # type: ignore[no-any-return]
+
+
+def async_strategy(config: Any) -> Optional[AsyncCallStrategy]:
+    """The config's asyncio call strategy; None when dedup is disabled. A config of a sync
+    store is refused: its calls would block the event loop."""
+    strategies = _strategies(config)
+    if not config.enabled:
+        return None
+    if config.async_store is None:
+        raise DedupConfigError(
+            "an async deduplicated call (async with config.once, an async def) needs a config "
+            "of an asyncio store (redis.asyncio, psycopg's async API, asyncmy): this config's "
+            "store would block the event loop; use the sync form, or an asyncio client"
+        )
+    strategy = strategies.get(ASYNC)
+    if strategy is None:
+        with _LOCK:
+            strategy = strategies.get(ASYNC)
+            if strategy is None:
+                strategy = strategies[ASYNC] = AsyncCallStrategy(config, CALL_HOOKS)
     return strategy  # type: ignore[no-any-return]

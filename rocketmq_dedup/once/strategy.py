@@ -11,11 +11,14 @@ for a key in progress, here or in another process.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from rocketmq_dedup.aio.meter import async_meter
+from rocketmq_dedup.aio.strategy import AsyncClaimStrategy, shielded
 from rocketmq_dedup.config import DedupConfig, Snapshot
 from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.hooks import Hooks
@@ -188,4 +191,53 @@ class CallTransactionStrategy(CallDecisions, TransactionalStrategy):
         super()._transaction_failed(delivery, exc)
 
 
-__all__ = ["CallDelivery", "CallStrategy", "CallTransactionStrategy"]
+class AsyncCallStrategy(CallDecisions, AsyncClaimStrategy):
+    """:class:`CallStrategy` on an asyncio store: the asyncio listener's steps for one call,
+    split where the caller's work goes (``async with config.once(key)``, an ``async def``
+    under :func:`~rocketmq_dedup.deduplicated`)."""
+
+    async def begin(self, delivery: CallDelivery, wait_ms: Optional[int] = None) -> None:
+        """Key and claim (the wait for a key in progress sleeps with asyncio.sleep);
+        :meth:`CallStrategy.begin`."""
+        await self.config.check_async_store()
+        snap = delivery.snap = self.config.snapshot()
+        delivery.started = snap.meter.arrival()
+        meter = async_meter(snap.meter)
+        try:
+            if self._key(delivery, snap):
+                await self._claim_one(delivery, snap, meter)
+                deadline = wait_budget(snap, wait_ms)
+                pause = FIRST_POLL_S
+                while delivery.outcome is Outcome.DUPLICATE_IN_PROGRESS:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    await asyncio.sleep(min(pause, left))
+                    pause = min(pause * 2, MAX_POLL_S)
+                    delivery.status = delivery.outcome = delivery.record = None
+                    await self._claim_one(delivery, snap, meter)
+        except BaseException:
+            claim = delivery.claim
+            if claim is not None:
+                await shielded(self._settle_one(delivery, claim, False, snap))
+            raise
+        if delivery.status is not None:
+            snap.meter.report_one(delivery)
+        else:
+            delivery.begun = snap.meter.clock()
+
+    async def end(self, delivery: CallDelivery, ok: bool) -> None:
+        """:meth:`CallStrategy.end`, the settle step shielded from cancellation."""
+        snap = delivery.snap
+        assert snap is not None
+        try:
+            delivery.handler_seconds = snap.meter.clock() - delivery.begun
+            claim = delivery.claim
+            if claim is not None:
+                delivery.outcome = Outcome.CONSUMED if ok else Outcome.FAILED
+                await shielded(self._settle_one(delivery, claim, ok, snap))
+        finally:
+            snap.meter.report_one(delivery)
+
+
+__all__ = ["AsyncCallStrategy", "CallDelivery", "CallStrategy", "CallTransactionStrategy"]

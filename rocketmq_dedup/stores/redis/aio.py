@@ -150,10 +150,13 @@ class AsyncRedisDedupStore(AsyncDedupStore):
 
     async def do_read(self, element: DedupElement) -> Optional[Record]:
         key = self._keys(element)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(key)
-        pipe.pttl(key)
-        value, pttl = await pipe.execute()
+        if self._cluster:  # two commands to the key's node: a cluster pipeline would share
+            value, pttl = await asyncio.gather(self.client.get(key), self.client.pttl(key))
+        else:  # its connections with the concurrent tasks' commands
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(key)
+            pipe.pttl(key)
+            value, pttl = await pipe.execute()
         return parse_record(value, pttl, element)
 
     async def do_check(self) -> None:
