@@ -166,7 +166,14 @@ def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 
 
 #: The asyncio stores (tests/aio_support.py): each runs on the session's test event loop.
-AIO_STORE_KINDS = ["aio_memory", "aio_redis", "aio_redis_cluster", "aio_redis_sentinel"]
+AIO_STORE_KINDS = [
+    "aio_memory",
+    "aio_redis",
+    "aio_redis_cluster",
+    "aio_redis_sentinel",
+    "aio_postgres",
+    "aio_postgres_pool",
+]
 
 
 @pytest.fixture(scope="session")
@@ -185,6 +192,8 @@ def make_async_store(kind: str, request: pytest.FixtureRequest) -> AsyncDedupSto
     loop = request.getfixturevalue("loop_thread")
     if kind == "aio_memory":
         return AsyncMemoryDedupStore()
+    if kind.startswith("aio_postgres"):
+        return make_async_pg_store(kind, request, loop)
     import redis.asyncio
 
     client: Any
@@ -207,6 +216,35 @@ def make_async_store(kind: str, request: pytest.FixtureRequest) -> AsyncDedupSto
         loop.run(client.aclose())
 
     request.addfinalizer(close)
+    return store
+
+
+def make_async_pg_store(kind: str, request: pytest.FixtureRequest, loop: Any) -> AsyncDedupStore:
+    """The asyncio PostgreSQL store on the session's table: a factory of
+    psycopg.AsyncConnection, or an application's psycopg_pool.AsyncConnectionPool."""
+    import functools
+
+    import psycopg
+
+    table = request.getfixturevalue("pg_table")
+    if kind == "aio_postgres":
+        store = make_async_store_for(
+            functools.partial(psycopg.AsyncConnection.connect, PG_DSN), table_name=table
+        )
+        assert store is not None
+        request.addfinalizer(lambda: loop.run(store.aclose()))
+        return store
+    import psycopg_pool
+
+    async def open_pool() -> Any:
+        pool = psycopg_pool.AsyncConnectionPool(PG_DSN, min_size=1, max_size=8, open=False)
+        await pool.open()
+        return pool
+
+    pool = loop.run(open_pool())
+    request.addfinalizer(lambda: loop.run(pool.close()))
+    store = make_async_store_for(pool, table_name=table)
+    assert store is not None
     return store
 
 

@@ -54,5 +54,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
             item.add_marker(pytest.mark.redis)
         if names & _MYSQL_FIXTURES or kind.startswith("mysql"):
             item.add_marker(pytest.mark.mysql)
-        if names & _PG_FIXTURES or kind.startswith("postgres"):
+        if names & _PG_FIXTURES or kind.startswith(("postgres", "aio_postgres")):
             item.add_marker(pytest.mark.postgres)

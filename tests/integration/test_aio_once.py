@@ -13,7 +13,9 @@ from tests.support import REDIS_CLUSTER_URL, REDIS_URL
 
 
 @pytest.fixture(params=["aio_redis", "aio_redis_cluster"])
-def make_config(request: pytest.FixtureRequest) -> Callable[..., Awaitable[Tuple[DedupConfig, Any]]]:
+def make_config(
+    request: pytest.FixtureRequest,
+) -> Callable[..., Awaitable[Tuple[DedupConfig, Any]]]:
     async def make(app: str, **settings: Any) -> Tuple[DedupConfig, Any]:
         if request.param == "aio_redis":
             client: Any = redis.asyncio.Redis.from_url(REDIS_URL)

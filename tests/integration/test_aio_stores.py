@@ -1,5 +1,6 @@
-"""The asyncio Redis store (standalone, Cluster, Sentinel): the store contract and the listener
-cases (the asyncio listener through the classic push bridge), on the real servers."""
+"""The asyncio stores (Redis standalone, Cluster and Sentinel; PostgreSQL through a factory and
+an application's pool): the store contract and the listener cases (the asyncio listener
+through the classic push bridge), on the real servers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from tests.conftest import make_async_store
 from tests.shared.listener_cases import *  # noqa: F403
 from tests.shared.store_contract import *  # noqa: F403
 
-SERVER_KINDS = ["aio_redis", "aio_redis_cluster", "aio_redis_sentinel"]
+SERVER_KINDS = [
+    "aio_redis",
+    "aio_redis_cluster",
+    "aio_redis_sentinel",
+    "aio_postgres",
+    "aio_postgres_pool",
+]
 
 
 @pytest.fixture(params=SERVER_KINDS)
