@@ -23,6 +23,7 @@ from tests import aio_support
 from tests.aio_support import LoopThread
 from tests.native import NativeBuildError, build_library
 from tests.support import (
+    MYSQL,
     PG_DSN,
     REDIS_CLUSTER_URL,
     REDIS_SENTINEL,
@@ -173,6 +174,7 @@ AIO_STORE_KINDS = [
     "aio_redis_sentinel",
     "aio_postgres",
     "aio_postgres_pool",
+    "aio_mysql",
 ]
 
 
@@ -194,6 +196,18 @@ def make_async_store(kind: str, request: pytest.FixtureRequest) -> AsyncDedupSto
         return AsyncMemoryDedupStore()
     if kind.startswith("aio_postgres"):
         return make_async_pg_store(kind, request, loop)
+    if kind.startswith("aio_mysql"):
+        import functools
+
+        import asyncmy
+
+        params = {k: v for k, v in MYSQL.items() if k != "database"}
+        connect = functools.partial(asyncmy.connect, db=MYSQL["database"], **params)
+        table = request.getfixturevalue("mysql_table")
+        mysql_store = make_async_store_for(connect, table_name=table)
+        assert mysql_store is not None
+        request.addfinalizer(lambda: loop.run(mysql_store.aclose()))
+        return mysql_store
     import redis.asyncio
 
     client: Any

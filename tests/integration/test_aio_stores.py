@@ -1,6 +1,6 @@
 """The asyncio stores (Redis standalone, Cluster and Sentinel; PostgreSQL through a factory and
-an application's pool): the store contract and the listener cases (the asyncio listener
-through the classic push bridge), on the real servers."""
+an application's pool; MariaDB through asyncmy): the store contract and the listener cases (the
+asyncio listener through the classic push bridge), on the real servers."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ SERVER_KINDS = [
     "aio_redis_sentinel",
     "aio_postgres",
     "aio_postgres_pool",
+    "aio_mysql",
 ]
 
 
