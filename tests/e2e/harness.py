@@ -28,13 +28,13 @@ def create_tables() -> None:
 class ConsumerProcess:
     """A consumer_app subprocess."""
 
-    def __init__(self, settings: Dict[str, Any]) -> None:
+    def __init__(self, settings: Dict[str, Any], module: str = "tests.e2e.consumer_app") -> None:
         home = STATE / "e2e-home"  # the clients write their logs under $HOME
         home.mkdir(parents=True, exist_ok=True)
         self.log_path = STATE / f"e2e-consumer-{settings['run_id']}-{time.time_ns()}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.consumer_app", json.dumps(settings)],
+            [sys.executable, "-m", module, json.dumps(settings)],
             cwd=REPO,
             env={**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.PIPE,
