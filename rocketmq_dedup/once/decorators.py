@@ -30,7 +30,8 @@ def function_topic(fn: Callable[..., Any]) -> str:
     """The topic of a deduplicated function's records when none is given: its module and
     qualified name (two functions never share records by accident; rename it, and pass the
     old name as ``topic`` to keep its records)."""
-    return f"{fn.__module__}.{fn.__qualname__}"
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__  # a callable object
+    return f"{getattr(fn, '__module__', None) or type(fn).__module__}.{name}"
 
 
 def _refuse_async(fn: Callable[..., Any], what: str, why: str) -> None:

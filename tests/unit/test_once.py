@@ -310,3 +310,19 @@ def test_exactly_once_needs_a_store_with_transactions() -> None:
     config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
     with pytest.raises(DedupConfigError, match="transactions"):
         exactly_once(config, key=lambda order: order)
+
+
+def test_a_callable_object_is_deduplicated_under_its_class_name() -> None:
+    """A callable object (no __qualname__ of its own, e.g. a handler class instance) is
+    decorated; its records' topic is its class's module and qualified name."""
+    config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
+
+    class Handler:
+        def __call__(self, order: str) -> str:
+            return order
+
+    handle = deduplicated(config, key=lambda order: order)(Handler())
+    assert handle("o1") == "o1"
+    topic = f"{Handler.__module__}.{Handler.__qualname__}"
+    assert config.persist is not None
+    assert config.persist.get_status(DedupElement("app", topic, "", "o1")) is DedupStatus.CONSUMED
