@@ -42,7 +42,7 @@ from rocketmq_dedup.errors import (
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.once.call import DEFAULT_ONCE_TOPIC, Call
 from rocketmq_dedup.once.registry import async_strategy, plain_strategy
-from rocketmq_dedup.once.strategy import CallDelivery, CallStrategy
+from rocketmq_dedup.once.strategy import CallDelivery
 from rocketmq_dedup.status import DedupStatus, Outcome, PayloadMismatch
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,16 @@ class Once:
     ``store_failure_policy="consume"``). :attr:`element`: the record's element (None without
     a key)."""
 
-    __slots__ = ("_call", "_config", "_consulted", "_delivery", "_entered", "_fresh", "_wait_ms")
+    __slots__ = (
+        "_call",
+        "_config",
+        "_consulted",
+        "_delivery",
+        "_entered",
+        "_fresh",
+        "_strategy",
+        "_wait_ms",
+    )
 
     def __init__(
         self,
@@ -75,6 +84,7 @@ class Once:
         self._call = Call(key, topic, tag, payload)
         self._wait_ms = wait_ms_of(in_progress_wait_milli_seconds)
         self._delivery: Optional[CallDelivery] = None
+        self._strategy: Any = None  # the call strategy that took the block (once entered)
         self._entered = self._consulted = self._fresh = False
 
     # -- the decision --------------------------------------------------------------------
@@ -113,7 +123,7 @@ class Once:
         if self._entered:
             raise DedupUsageError("a Once block is entered once: make a new one per block")
         self._entered = True
-        strategy = plain_strategy(self._config)
+        strategy = self._strategy = plain_strategy(self._config)
         if strategy is None:  # dedup disabled
             self._fresh = True
             return self
@@ -132,9 +142,7 @@ class Once:
         if delivery is None:
             return
         if self._fresh and delivery.status is None:
-            strategy: Optional[CallStrategy] = plain_strategy(self._config)
-            assert strategy is not None
-            strategy.end(delivery, exc_type is None)
+            self._strategy.end(delivery, exc_type is None)
         self._check_consulted(exc_type)
 
     def _check_consulted(self, exc_type: Optional[Type[BaseException]]) -> None:
@@ -162,7 +170,7 @@ class Once:
         if self._entered:
             raise DedupUsageError("a Once block is entered once: make a new one per block")
         self._entered = True
-        strategy = async_strategy(self._config)
+        strategy = self._strategy = async_strategy(self._config)
         if strategy is None:  # dedup disabled
             self._fresh = True
             return self
@@ -179,9 +187,7 @@ class Once:
     ) -> None:
         delivery = self._delivery
         if delivery is not None and self._fresh and delivery.status is None:
-            strategy = async_strategy(self._config)
-            assert strategy is not None
-            await strategy.end(delivery, exc_type is None)
+            await self._strategy.end(delivery, exc_type is None)
         self._check_consulted(exc_type)
 
     def __repr__(self) -> str:

@@ -28,6 +28,9 @@ def _strategies(config: Any) -> Any:
 
 def plain_strategy(config: Any) -> Optional[CallStrategy]:
     """The config's plain call strategy; None when dedup is disabled."""
+    strategy = getattr(config, "call_strategies", {}).get(PLAIN)
+    if strategy is not None:  # made (and its config checked) before: every call's path
+        return strategy  # type: ignore[no-any-return]
     strategies = _strategies(config)
     refuse_async_store(config, "a sync deduplicated call", "its async form (async with, async def)")
     if not config.enabled or config.store is None:
