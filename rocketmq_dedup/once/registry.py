@@ -41,7 +41,7 @@ def plain_strategy(config: Any) -> Optional[CallStrategy]:
             strategy = strategies.get(PLAIN)
             if strategy is None:
                 strategy = strategies[PLAIN] = CallStrategy(config, CALL_HOOKS)
-    return strategy  # type: ignore[no-any-return]
+    return strategy
 
 
 def transaction_strategy(config: Any) -> CallTransactionStrategy:
