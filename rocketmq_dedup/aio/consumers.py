@@ -35,6 +35,7 @@ from rocketmq_dedup.adapters.classic import callback_thread, first_call_on_threa
 from rocketmq_dedup.aio.listener import AsyncDedupConcurrentListener
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.status import ConsumeStatus
+from rocketmq_dedup.stores.aio import running_loop
 
 logger = logging.getLogger(__name__)
 _log = RateLimitedLog(logger)
@@ -94,7 +95,7 @@ class PushBridge:
 
     def _consume(self, msg: Any) -> ConsumeStatus:
         loop = self.loop
-        if _running_loop() is loop:
+        if running_loop() is loop:
             raise RuntimeError("a PushBridge was called on its own event loop's thread")
         self._slots.acquire()  # back-pressure: the client's thread waits for a slot
         try:
@@ -123,13 +124,6 @@ def _wait_for(answer: concurrent.futures.Future[ConsumeStatus], loop: Any) -> Co
                 ) from None
         except concurrent.futures.CancelledError:
             return LATER
-
-
-def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def message_listener(

@@ -120,17 +120,27 @@ class Once:
     # -- the block -----------------------------------------------------------------------
 
     def __enter__(self) -> Once:
+        delivery = self._enter(plain_strategy)
+        if delivery is not None:
+            self._strategy.begin(delivery, self._wait_ms)
+            self._decided(delivery)
+        return self
+
+    def _enter(self, strategy_of: Any) -> Optional[CallDelivery]:
+        """Enter once; the delivery to begin (None with dedup disabled: fresh, no store)."""
         if self._entered:
             raise DedupUsageError("a Once block is entered once: make a new one per block")
         self._entered = True
-        strategy = self._strategy = plain_strategy(self._config)
-        if strategy is None:  # dedup disabled
+        self._strategy = strategy_of(self._config)
+        if self._strategy is None:  # dedup disabled
             self._fresh = True
-            return self
+            return None
         delivery = self._delivery = CallDelivery(0, self._call)
-        strategy.begin(delivery, self._wait_ms)
+        return delivery
+
+    def _decided(self, delivery: CallDelivery) -> None:
+        """Fresh (to run) or a CONSUMED duplicate; else the error of :func:`raise_for`."""
         self._fresh = delivery.status is None or raise_for(delivery)
-        return self
 
     def __exit__(
         self,
@@ -167,16 +177,10 @@ class Once:
     # -- the block, awaited (an asyncio store) ---------------------------------------------
 
     async def __aenter__(self) -> Once:
-        if self._entered:
-            raise DedupUsageError("a Once block is entered once: make a new one per block")
-        self._entered = True
-        strategy = self._strategy = async_strategy(self._config)
-        if strategy is None:  # dedup disabled
-            self._fresh = True
-            return self
-        delivery = self._delivery = CallDelivery(0, self._call)
-        await strategy.begin(delivery, self._wait_ms)
-        self._fresh = delivery.status is None or raise_for(delivery)
+        delivery = self._enter(async_strategy)
+        if delivery is not None:
+            await self._strategy.begin(delivery, self._wait_ms)
+            self._decided(delivery)
         return self
 
     async def __aexit__(

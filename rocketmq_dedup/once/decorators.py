@@ -91,15 +91,20 @@ def deduplicated(
             with block as run:
                 if run:
                     return fn(*args, **kwargs)
-            raise DuplicateConsumedError(
-                f"{fn.__qualname__}: {block.element!r} is CONSUMED: an earlier call ran it",
-                block.element,
-                block._delivery.record if block._delivery is not None else None,
-            )
+            raise consumed_error(fn, block)
 
         return call_once
 
     return decorate
+
+
+def consumed_error(fn: Callable[..., Any], block: Once) -> DuplicateConsumedError:
+    """What a duplicate call of ``fn`` raises: its block's key is CONSUMED."""
+    return DuplicateConsumedError(
+        f"{getattr(fn, '__qualname__', fn)}: {block.element!r} is CONSUMED: an earlier call ran it",
+        block.element,
+        block._delivery.record if block._delivery is not None else None,
+    )
 
 
 def _deduplicated_async(
@@ -123,11 +128,7 @@ def _deduplicated_async(
         async with block as run:
             if run:
                 return await fn(*args, **kwargs)
-        raise DuplicateConsumedError(
-            f"{fn.__qualname__}: {block.element!r} is CONSUMED: an earlier call ran it",
-            block.element,
-            block._delivery.record if block._delivery is not None else None,
-        )
+        raise consumed_error(fn, block)
 
     return call_once
 

@@ -4,7 +4,7 @@ use (their lease keeper is one thread for every call of the config) and closed w
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Optional, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.once.call import CALL_HOOKS
@@ -13,6 +13,7 @@ from rocketmq_dedup.strategy import refuse_async_store
 from rocketmq_dedup.strategy.exactly_once import transactions_of
 
 _LOCK = threading.Lock()
+S = TypeVar("S")
 PLAIN, EXACTLY_ONCE, ASYNC = "plain", "exactly_once", "asyncio"
 
 
@@ -26,6 +27,17 @@ def _strategies(config: Any) -> Any:
     return config.call_strategies
 
 
+def _made(strategies: Dict[str, Any], kind: str, make: Callable[[], S]) -> S:
+    """The config's strategy of ``kind``, made once (under a lock) on first use."""
+    strategy = strategies.get(kind)
+    if strategy is None:
+        with _LOCK:
+            strategy = strategies.get(kind)
+            if strategy is None:
+                strategy = strategies[kind] = make()
+    return strategy
+
+
 def plain_strategy(config: Any) -> Optional[CallStrategy]:
     """The config's plain call strategy; None when dedup is disabled."""
     strategy = getattr(config, "call_strategies", {}).get(PLAIN)
@@ -35,13 +47,7 @@ def plain_strategy(config: Any) -> Optional[CallStrategy]:
     refuse_async_store(config, "a sync deduplicated call", "its async form (async with, async def)")
     if not config.enabled or config.store is None:
         return None
-    strategy = strategies.get(PLAIN)
-    if strategy is None:
-        with _LOCK:
-            strategy = strategies.get(PLAIN)
-            if strategy is None:
-                strategy = strategies[PLAIN] = CallStrategy(config, CALL_HOOKS)
-    return strategy
+    return _made(strategies, PLAIN, lambda: CallStrategy(config, CALL_HOOKS))
 
 
 def transaction_strategy(config: Any) -> CallTransactionStrategy:
@@ -55,13 +61,7 @@ def transaction_strategy(config: Any) -> CallTransactionStrategy:
             "(the exactly-once mode's: a connection factory or a SQLAlchemy Engine of the "
             f"business database); got {'dedup disabled' if store is None else repr(store)}"
         )
-    strategy = strategies.get(EXACTLY_ONCE)
-    if strategy is None:
-        with _LOCK:
-            strategy = strategies.get(EXACTLY_ONCE)
-            if strategy is None:
-                strategy = strategies[EXACTLY_ONCE] = CallTransactionStrategy(config, CALL_HOOKS)
-    return strategy  # type: ignore[no-any-return]
+    return _made(strategies, EXACTLY_ONCE, lambda: CallTransactionStrategy(config, CALL_HOOKS))
 
 
 def async_strategy(config: Any) -> Optional[AsyncCallStrategy]:
@@ -76,10 +76,4 @@ def async_strategy(config: Any) -> Optional[AsyncCallStrategy]:
             "of an asyncio store (redis.asyncio, psycopg's async API, asyncmy): this config's "
             "store would block the event loop; use the sync form, or an asyncio client"
         )
-    strategy = strategies.get(ASYNC)
-    if strategy is None:
-        with _LOCK:
-            strategy = strategies.get(ASYNC)
-            if strategy is None:
-                strategy = strategies[ASYNC] = AsyncCallStrategy(config, CALL_HOOKS)
-    return strategy  # type: ignore[no-any-return]
+    return _made(strategies, ASYNC, lambda: AsyncCallStrategy(config, CALL_HOOKS))

@@ -23,7 +23,7 @@ from rocketmq_dedup.config import DedupConfig, Snapshot
 from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.status import ConsumeStatus, Outcome
-from rocketmq_dedup.stores.base import Record
+from rocketmq_dedup.stores.base import Claim, Record
 from rocketmq_dedup.strategy.base import Delivery
 from rocketmq_dedup.strategy.exactly_once import TransactionalStrategy
 from rocketmq_dedup.strategy.plain import ClaimStrategy
@@ -65,6 +65,18 @@ class CallDecisions:
             delivery, record, snap
         )
         return status
+
+
+def worked(delivery: CallDelivery, ok: bool) -> Tuple[Snapshot, Optional[Claim]]:
+    """The work of a call ended (``ok``: succeeded): its time and, when a claim is held, its
+    outcome kept on the delivery; the snapshot it was decided with, and the claim to settle."""
+    snap = delivery.snap
+    assert snap is not None
+    delivery.handler_seconds = snap.meter.clock() - delivery.begun
+    claim = delivery.claim
+    if claim is not None:
+        delivery.outcome = Outcome.CONSUMED if ok else Outcome.FAILED
+    return snap, claim
 
 
 def wait_budget(snap: Snapshot, wait_ms: Optional[int]) -> float:
@@ -123,13 +135,9 @@ class CallStrategy(CallDecisions, ClaimStrategy):
         """The work ended (``ok``: it succeeded): settle the claim held (CONSUMED, or
         released so a later call runs again) and report the decision. Never raises a
         StoreError (a failed mark or release is logged, as for a message)."""
-        snap = delivery.snap
-        assert snap is not None
+        snap, claim = worked(delivery, ok)
         try:
-            delivery.handler_seconds = snap.meter.clock() - delivery.begun
-            claim = delivery.claim
             if claim is not None:
-                delivery.outcome = Outcome.CONSUMED if ok else Outcome.FAILED
                 self._settle_one(delivery, claim, ok, snap)
         finally:
             snap.meter.report_one(delivery)
@@ -228,13 +236,9 @@ class AsyncCallStrategy(CallDecisions, AsyncClaimStrategy):
 
     async def end(self, delivery: CallDelivery, ok: bool) -> None:
         """:meth:`CallStrategy.end`, the settle step shielded from cancellation."""
-        snap = delivery.snap
-        assert snap is not None
+        snap, claim = worked(delivery, ok)
         try:
-            delivery.handler_seconds = snap.meter.clock() - delivery.begun
-            claim = delivery.claim
             if claim is not None:
-                delivery.outcome = Outcome.CONSUMED if ok else Outcome.FAILED
                 await shielded(self._settle_one(delivery, claim, ok, snap))
         finally:
             snap.meter.report_one(delivery)

@@ -263,7 +263,7 @@ class LoopBoundStore(DedupStore):
         self.supports_renewal = store.supports_renewal
 
     def _on_loop(self, coro: Awaitable[T]) -> T:
-        if self.loop.is_running() and _running_loop() is self.loop:
+        if self.loop.is_running() and running_loop() is self.loop:
             if asyncio.iscoroutine(coro):
                 coro.close()
             raise RuntimeError(
@@ -325,7 +325,8 @@ class LoopBoundStore(DedupStore):
         raise NotImplementedError
 
 
-def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
+def running_loop() -> Optional[asyncio.AbstractEventLoop]:
+    """The event loop running in this thread, if any."""
     try:
         return asyncio.get_running_loop()
     except RuntimeError:

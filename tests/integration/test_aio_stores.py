@@ -8,18 +8,11 @@ import pytest
 
 from rocketmq_dedup.stores.base import DedupStore
 from tests.aio_support import bound
-from tests.conftest import make_async_store
+from tests.conftest import AIO_STORE_KINDS, make_async_store
 from tests.shared.listener_cases import *  # noqa: F403
 from tests.shared.store_contract import *  # noqa: F403
 
-SERVER_KINDS = [
-    "aio_redis",
-    "aio_redis_cluster",
-    "aio_redis_sentinel",
-    "aio_postgres",
-    "aio_postgres_pool",
-    "aio_mysql",
-]
+SERVER_KINDS = [kind for kind in AIO_STORE_KINDS if kind != "aio_memory"]
 
 
 @pytest.fixture(params=SERVER_KINDS)
