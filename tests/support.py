@@ -147,6 +147,21 @@ class PrivatePostgres:
         )  # fmt: skip
         return self.start()
 
+    def standby(self, name: str) -> PrivatePostgres:
+        """A hot standby of this server, started: ``pg_basebackup -R`` (streaming replication,
+        which ``initdb`` lets 127.0.0.1 do without a password) into a cluster of its own on
+        its own port. It serves reads and refuses writes, as a replica does."""
+        replica = PrivatePostgres(name)
+        subprocess.run(["rm", "-rf", str(replica.home)], check=True)
+        (replica.home / "run").mkdir(parents=True)
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", "postgres:postgres", str(replica.home)], check=True)
+        replica._run(
+            f"{self._bin}/pg_basebackup", "-D", str(replica.data), "-R", "-X", "stream",
+            "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+        )  # fmt: skip
+        return replica.start()
+
     def start(self) -> PrivatePostgres:
         """Start the server on its port and wait until it takes connections."""
         options = (
@@ -242,7 +257,8 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
 
 class DuckStore:
     """A user's own store, duck-typed (``claim``, ``mark_consumed``, ``release``, ``renew``,
-    ``get_status``), as ``DedupConfig`` accepts it through the adapter; records in memory."""
+    ``get_status``, ``mark_failed``, ``read``), as ``DedupConfig`` accepts it through the
+    adapter; records in memory."""
 
     def __init__(self) -> None:
         from rocketmq_dedup import MemoryDedupStore
@@ -263,6 +279,12 @@ class DuckStore:
 
     def get_status(self, element: Any) -> Any:
         return self._records.get_status(element)
+
+    def mark_failed(self, element: Any, owner: str, retention_ms: int, reason: str) -> None:
+        self._records.mark_failed(Claim(element, owner), retention_ms, reason)
+
+    def read(self, element: Any) -> Any:
+        return self._records.read(element)
 
 
 def outcome(result: Any) -> Any:

@@ -39,6 +39,12 @@ class AsyncMeter:
     async def store_call(self, op: StoreOp, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await fn(*args)
 
+    async def kept(
+        self, message: Reported, op: StoreOp, fn: Callable[..., Awaitable[T]], *args: Any
+    ) -> T:
+        """:meth:`Meter.kept`, awaited: a store call of ``message`` alone (its FAILED record)."""
+        return await fn(*args)
+
 
 class AsyncMetered(AsyncMeter):
     """Times the awaited store calls as :class:`Metered` times the sync ones: a message's claim
@@ -88,6 +94,18 @@ class AsyncMetered(AsyncMeter):
             self.meter._store_operation(op, time.perf_counter() - begin, False)
             raise
         self.meter._store_operation(op, time.perf_counter() - begin, True)
+        return result
+
+    async def kept(
+        self, message: Reported, op: StoreOp, fn: Callable[..., Awaitable[T]], *args: Any
+    ) -> T:
+        begin = time.perf_counter()
+        try:
+            result = await fn(*args)
+        except BaseException:
+            _keep(message, op, begin, False)
+            raise
+        _keep(message, op, begin, True)
         return result
 
 

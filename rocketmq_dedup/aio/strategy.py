@@ -8,10 +8,13 @@ failure, a hook that raises mean). Per message::
              answer comes, never left CONSUMING
     run      await do_handle_msg(msg); its answer by the listener's rules; local retries wait
              with asyncio.sleep; a twin in its handler in this process is waited for by asking
-             the in-process registry again (in_progress_wait_milli_seconds), never blocking
-    settle   CONSUMED or released, shielded from cancellation: a handler that finished is
-             recorded even if its task is cancelled meanwhile; a cancelled handler's claim is
-             released (its message never acked: the caller sees CancelledError)
+             the in-process registry again (in_progress_wait_milli_seconds), never blocking;
+             a PermanentFailure raised or returned, and a claim taken after
+             max_lapsed_claims lapsed ones (parked, not run), as the sync path decides them
+    settle   FAILED with its reason (a permanent failure, a parked message), CONSUMED or
+             released, shielded from cancellation: a handler that finished is recorded even
+             if its task is cancelled meanwhile; a cancelled handler's claim is released (its
+             message never acked: the caller sees CancelledError)
     report   the snapshot's meter (its asyncio twin times the awaited store calls)
 
 Lease renewal is the listener's :class:`~rocketmq_dedup.lease.LeaseKeeper`: its thread renews
@@ -32,17 +35,22 @@ from typing import Any, Callable, List, Optional, Sequence, Set
 
 from rocketmq_dedup.aio.meter import AsyncMeter, async_meter
 from rocketmq_dedup.config import DedupConfig, Snapshot
-from rocketmq_dedup.errors import StoreError
+from rocketmq_dedup.errors import PermanentFailure, StoreError
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.inflight import InFlight, in_flight
 from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
 from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
 from rocketmq_dedup.stores.aio import AsyncDedupStore, LoopBoundStore
-from rocketmq_dedup.stores.base import Claim, ClaimResult, Record
-from rocketmq_dedup.strategy.base import BatchResult, DedupDecisions, Delivery
+from rocketmq_dedup.stores.base import CLAIMED, Claim, ClaimResult, Record
+from rocketmq_dedup.strategy.base import (
+    BatchResult,
+    DedupDecisions,
+    Delivery,
+    pass_through_answer,
+)
 from rocketmq_dedup.strategy.plain import HANDLED_OUTCOMES, _new_claim
-from rocketmq_dedup.strategy.rules import LATER, SUCCESS, answer
+from rocketmq_dedup.strategy.rules import LATER, SUCCESS, HandlerResult, answer
 
 logger = logging.getLogger(__name__)
 
@@ -50,32 +58,40 @@ logger = logging.getLogger(__name__)
 TWIN_POLL_S = 0.005
 
 
-async def run_handler(handler: Callable[[Any], Any], msg: Any) -> ConsumeStatus:
+async def run_handler(handler: Callable[[Any], Any], msg: Any) -> HandlerResult:
     """Await the user's handler and map its result (:func:`~rocketmq_dedup.strategy.rules.
-    answer`). An ``Exception`` is logged and means RECONSUME_LATER; anything else (a
+    answer`). A :class:`PermanentFailure` it raises or returns is given back (the strategy
+    records it); another ``Exception`` is logged and means RECONSUME_LATER; anything else (a
     CancelledError) propagates."""
     try:
         result = handler(msg)
         if inspect.isawaitable(result):
             result = await result
+    except PermanentFailure as failure:
+        return failure
     except Exception:
         logger.exception("do_handle_msg raised; the message will be consumed later")
         return LATER
-    return SUCCESS if result is True else answer(result)
+    if result is True:
+        return SUCCESS
+    return result if isinstance(result, PermanentFailure) else answer(result)
 
 
 async def retry_locally(
-    attempt: Callable[[], Any], snap: Snapshot, status: ConsumeStatus
-) -> ConsumeStatus:
-    """:func:`rocketmq_dedup.strategy.base.retry_locally`, waiting with asyncio.sleep."""
+    attempt: Callable[[], Any], snap: Snapshot, result: HandlerResult
+) -> HandlerResult:
+    """:func:`rocketmq_dedup.strategy.base.retry_locally`, waiting with asyncio.sleep (a
+    permanent failure ends the retries)."""
     backoff = snap.local_retry_backoff_ms / 1000
     for _ in range(snap.local_retries):
+        if isinstance(result, PermanentFailure):
+            break
         await asyncio.sleep(backoff)
         backoff *= 2
-        status = await attempt()
-        if status is SUCCESS:
+        result = await attempt()
+        if result is SUCCESS:
             break
-    return status
+    return result
 
 
 class AsyncStrategy:
@@ -115,11 +131,11 @@ class AsyncPassThroughStrategy(AsyncStrategy):
         snap = self.config.snapshot() if self.config is not None else None
         statuses = [LATER] * len(msgs)
         for i, msg in enumerate(msgs):
-            status = await run_handler(self.hooks.listener.do_handle_msg, msg)
-            if status is not SUCCESS and snap is not None and snap.local_retries:
+            result = await run_handler(self.hooks.listener.do_handle_msg, msg)
+            if result is not SUCCESS and snap is not None and snap.local_retries:
                 again = functools.partial(run_handler, self.hooks.listener.do_handle_msg, msg)
-                status = await retry_locally(again, snap, status)
-            statuses[i] = status
+                result = await retry_locally(again, snap, result)
+            statuses[i] = status = pass_through_answer(result, snap)
             if stop_at_failure and status is not SUCCESS:
                 break
         return statuses
@@ -149,12 +165,11 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
         try:
             if self._key(delivery, snap):
                 await self._claim_one(delivery, snap, meter)
-            status = delivery.status
-            if status is not None:
-                return status
-            status = LATER
+            status = delivery.status  # decided without the handler (a parked one still held)
             try:
-                status = await self._run(delivery, snap)
+                if status is None:
+                    status = LATER
+                    status = await self._run(delivery, snap)
             finally:  # whatever happened, the claim is not held past this call
                 claim = delivery.claim
                 if claim is not None:
@@ -176,6 +191,8 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
             delivery.status = self._duplicate_status(delivery, result.record, snap)
             return
         delivery.claim = claim
+        if result is not CLAIMED and result.lapsed and self._park(delivery, result.lapsed, snap):
+            return  # held, to be recorded FAILED; its handler does not run
         self._hold([claim], snap)
 
     async def _claimed(self, claiming: Any, claims: List[Claim]) -> Any:
@@ -208,10 +225,13 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
     async def _settle_one(
         self, delivery: Delivery, claim: Claim, consumed: bool, snap: Snapshot
     ) -> None:
-        """CONSUMED if its handler succeeded, else the claim released. Never raises a
-        StoreError."""
+        """FAILED if it can never succeed, CONSUMED if its handler succeeded, else the claim
+        released. Never raises a StoreError."""
         if self._keeper is not None:
             self._keeper.drop_one(claim)
+        if delivery.failure is not None:
+            await self._record_failed(delivery, claim, snap)
+            return
         meter = async_meter(snap.meter)
         if consumed:
             try:
@@ -264,19 +284,21 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
         except StoreError as exc:
             self._store_failed(keyed, exc, snap)
             return []
-        held = []
+        held, running = [], []
         for delivery, claim, result in zip(keyed, claims, results, strict=True):
             if result.claimed:
                 delivery.claim = claim
                 held.append(delivery)
+                if not (result.lapsed and self._park(delivery, result.lapsed, snap)):
+                    running.append(delivery)
             else:
                 delivery.status = await self._refused(delivery, result.record, snap)
-        if held:
+        if running:
             if snap.in_progress_wait_ms:
-                for delivery in held:
+                for delivery in running:
                     owner = delivery.claim.owner  # type: ignore[union-attr]
                     delivery.attempt, _ = self._in_flight.enter(owner, snap.hold_ms)
-            self._hold([d.claim for d in held], snap)  # type: ignore[misc]
+            self._hold([d.claim for d in running], snap)  # type: ignore[misc]
         return held
 
     async def _refused(
@@ -299,13 +321,15 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
         msg, clock = delivery.msg, snap.meter.clock
         handler = self.hooks.listener.do_handle_msg
         begin = clock()
-        status = await run_handler(handler, msg)
-        if status is not SUCCESS and snap.local_retries:
-            status = await retry_locally(lambda: run_handler(handler, msg), snap, status)
+        result = await run_handler(handler, msg)
+        if result is not SUCCESS and snap.local_retries:
+            result = await retry_locally(lambda: run_handler(handler, msg), snap, result)
         delivery.handler_seconds = clock() - begin
+        if isinstance(result, PermanentFailure):  # (without a claim: nothing to record it in)
+            return self._permanent_failure(delivery, result, snap)
         if delivery.claim is not None:
-            delivery.outcome = HANDLED_OUTCOMES[status]
-        return status
+            delivery.outcome = HANDLED_OUTCOMES[result]
+        return result
 
     async def _finish(
         self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot
@@ -313,9 +337,17 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
         if self._keeper is not None:
             self._keeper.drop([d.claim for d in held])  # type: ignore[misc]
         reached = len(statuses)
-        consumed = [d.position < reached and statuses[d.position] is SUCCESS for d in held]
+        for delivery in held:  # rare: one store call each, for its own reason
+            if delivery.failure is not None:
+                await self._record_failed(delivery, delivery.claim, snap)  # type: ignore[arg-type]
+        consumed = [
+            d.position < reached and statuses[d.position] is SUCCESS and d.failure is None
+            for d in held
+        ]
         done = [d.claim for d, ok in zip(held, consumed, strict=True) if ok]
-        undone = [d.claim for d, ok in zip(held, consumed, strict=True) if not ok]
+        undone = [
+            d.claim for d, ok in zip(held, consumed, strict=True) if not ok and d.failure is None
+        ]
         meter = async_meter(snap.meter)
         if done:
             try:
@@ -334,6 +366,21 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
             if delivery.attempt is not None:
                 owner = delivery.claim.owner  # type: ignore[union-attr]
                 self._in_flight.leave(owner, delivery.attempt, ok)
+
+    async def _record_failed(self, delivery: Delivery, claim: Claim, snap: Snapshot) -> None:
+        """:meth:`ClaimStrategy._record_failed`, awaited: the FAILED record with its reason;
+        a failure is logged, the answer stays."""
+        try:
+            await async_meter(snap.meter).kept(
+                delivery,
+                StoreOp.MARK_FAILED,
+                self.store.mark_failed,
+                claim,
+                snap.retention_ms,
+                delivery.failure,
+            )
+        except StoreError as exc:
+            self._failed_unrecorded(delivery, exc)
 
     # -- lease renewal -------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from typing import Any, Optional, Type
 from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.errors import (
     DedupUsageError,
+    DuplicateError,
     DuplicateInProgressError,
     PayloadMismatchError,
     StoreError,
@@ -236,6 +237,14 @@ def raise_for(delivery: CallDelivery) -> bool:
             left = f", {record.expires_in_ms} ms left on its lease"
         raise DuplicateInProgressError(
             f"{delivery.element!r} is in progress in another call (CONSUMING{left})",
+            delivery.element,
+            record,
+        )
+    if outcome in (Outcome.DUPLICATE_FAILED, Outcome.POISON_PARKED):
+        failed = record.reason if record is not None and record.reason else delivery.failure
+        raise DuplicateError(
+            f"{delivery.element!r} is FAILED ({failed or 'no reason recorded'}): it can never "
+            "succeed (a PermanentFailure, or parked by max_lapsed_claims); nothing ran",
             delivery.element,
             record,
         )

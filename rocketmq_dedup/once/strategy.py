@@ -115,6 +115,10 @@ class CallStrategy(CallDecisions, ClaimStrategy):
         except BaseException:
             self._abandon(delivery, snap)
             raise
+        parked = delivery.claim if delivery.failure is not None else None
+        if parked is not None:  # parked (max_lapsed_claims): recorded FAILED, nothing runs
+            delivery.claim = None
+            self._settle_one(delivery, parked, False, snap)
         if delivery.status is not None:
             snap.meter.report_one(delivery)
         else:
@@ -229,6 +233,10 @@ class AsyncCallStrategy(CallDecisions, AsyncClaimStrategy):
             if claim is not None:
                 await shielded(self._settle_one(delivery, claim, False, snap))
             raise
+        parked = delivery.claim if delivery.failure is not None else None
+        if parked is not None:  # parked (max_lapsed_claims): recorded FAILED, nothing runs
+            delivery.claim = None
+            await shielded(self._settle_one(delivery, parked, False, snap))
         if delivery.status is not None:
             snap.meter.report_one(delivery)
         else:

@@ -48,6 +48,7 @@ from rocketmq_dedup.stores.base import (
     DedupStore,
     Record,
     StoreBoundary,
+    bounded_reason,
 )
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 
@@ -80,6 +81,13 @@ class AsyncDedupStore(StoreBoundary, abc.ABC):
             await self._call(self.do_mark_consumed, claims[0], retention_ms)
         elif claims:
             await self._call(self.do_mark_consumed_many, claims, retention_ms)
+
+    async def mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        """:meth:`DedupStore.mark_failed`, awaited."""
+        await self._call(self.do_mark_failed, claim, retention_ms, bounded_reason(reason))
+
+    def count_lapses(self) -> None:
+        """:meth:`DedupStore.count_lapses` (no I/O: the Redis store switches its scripts)."""
 
     async def release(self, claim: Claim) -> bool:
         return bool(await self._call(self.do_release, claim))
@@ -178,6 +186,9 @@ class AsyncDedupStore(StoreBoundary, abc.ABC):
     @abc.abstractmethod
     async def do_release_many(self, claims: Sequence[Claim]) -> int: ...
 
+    async def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot record FAILED")
+
     @abc.abstractmethod
     async def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]: ...
 
@@ -238,6 +249,9 @@ class AsyncMemoryDedupStore(AsyncDedupStore):
     async def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         self.memory.do_mark_consumed_many(claims, retention_ms)
 
+    async def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        self.memory.do_mark_failed(claim, retention_ms, reason)
+
     async def do_release(self, claim: Claim) -> bool:
         return self.memory.do_release(claim)
 
@@ -286,6 +300,12 @@ class LoopBoundStore(DedupStore):
 
     def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         self._on_loop(self.aio.mark_consumed_many(claims, retention_ms))
+
+    def mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        self._on_loop(self.aio.mark_failed(claim, retention_ms, reason))
+
+    def count_lapses(self) -> None:
+        self.aio.count_lapses()
 
     def release(self, claim: Claim) -> bool:
         return self._on_loop(self.aio.release(claim))

@@ -9,8 +9,12 @@ attribute); each message gets one :class:`Transaction` from it, used in this ord
     claim_key    (``exactly_once_claim="before_handler"``) the key's lock without waiting, then
                  the key's record, [and the entity's sequence row, locked]
     lock_sequence (``"at_commit"`` with a sequence key) the entity's sequence row, locked
+    before_handler what must reach the database before the handler (PostgreSQL: the BEGIN,
+                 when no statement carried it yet; nothing on MySQL)
     run_handler  the user's handler on :attr:`Transaction.conn`; then :meth:`misuse`
     commit_record the CONSUMED record [and the entity's new sequence number], then COMMIT
+    commit_failure (the handler declared a permanent failure) ROLLBACK of its writes, then the
+                 FAILED record alone and COMMIT
     commit       (a message without a dedup key) COMMIT alone
     close        always: rolls back whatever is still open and gives the connection back, or
                  discards it when it may be unfit for another message
@@ -38,7 +42,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, NamedTuple, Optional
 
-from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.message import DedupElement, fields_digest
 from rocketmq_dedup.stores.base import Record
 
 
@@ -47,6 +51,11 @@ class Entity(NamedTuple):
 
     application: str
     name: str
+
+    def digest(self) -> bytes:
+        """Its key in the sequence table: SHA-256 of the length-prefixed (application, name)
+        (:func:`~rocketmq_dedup.message.fields_digest`)."""
+        return fields_digest(self)
 
 
 class SequenceStep(NamedTuple):
@@ -86,6 +95,13 @@ class Transaction(abc.ABC):
         """Lock the entity's sequence row until the end of the transaction (waiting for it;
         creating it when new) and return its last applied sequence number (None: none)."""
 
+    def before_handler(self) -> None:  # noqa: B027 - optional hook
+        """Right before :meth:`run_handler`: have the transaction begun on the server, if no
+        statement did yet, so that the handler's statements run in it (and a transaction
+        found ended after the handler is the handler's doing). Raises :class:`StoreError`
+        (never into the handler). Nothing by default: a connection whose transaction begins
+        with its first statement needs nothing."""
+
     @abc.abstractmethod
     def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
         """``handler(msg, conn)``, with the calls that would end or reconfigure the transaction
@@ -109,6 +125,18 @@ class Transaction(abc.ABC):
         few round trips as the connection allows. Returns None when committed, else the live
         record of another attempt that refused it (nothing was committed; :meth:`close` rolls
         back). An expired record in the way is replaced in the same transaction."""
+
+    @abc.abstractmethod
+    def commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        """Roll back the handler's writes (and nothing else: a key's lock taken by
+        :meth:`claim_key` stays held), then write the FAILED record with ``reason`` (at most
+        :data:`~rocketmq_dedup.stores.base.MAX_REASON_LENGTH` characters; on a table without a
+        reason column, the record without it) and COMMIT it alone, in a transaction of its
+        own on the same connection. No sequence step is applied. Returns None when committed,
+        else the live record of another attempt that refused it (nothing was committed); an
+        expired record in the way is replaced, as :meth:`commit_record` does."""
 
     @abc.abstractmethod
     def commit(self) -> None:

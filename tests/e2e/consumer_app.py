@@ -51,6 +51,18 @@ SCHEMA = [
       shipped_times INT NOT NULL DEFAULT 0, PRIMARY KEY (run_id, order_id)) ENGINE=InnoDB""",
 ]
 
+#: The exactly-once business tables on PostgreSQL (a PostgreSQL store's handler writes there).
+PG_EO_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS e2e_eo_effects (
+      id bigserial PRIMARY KEY, run_id varchar(64) NOT NULL, biz_key varchar(128) NOT NULL,
+      pid int NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS e2e_eo_effects_run ON e2e_eo_effects (run_id)",
+    """CREATE TABLE IF NOT EXISTS e2e_eo_orders (
+      run_id varchar(64) NOT NULL, order_id varchar(64) NOT NULL, status varchar(16) NOT NULL,
+      created_times int NOT NULL DEFAULT 0, paid_times int NOT NULL DEFAULT 0,
+      shipped_times int NOT NULL DEFAULT 0, PRIMARY KEY (run_id, order_id))""",
+]
+
 #: Order steps of the exactly-once e2e flow: step -> (status it sets, column counting it).
 ORDER_STEPS = {
     1: ("created", "created_times"),
@@ -117,6 +129,8 @@ class E2EListener(DedupConcurrentListener):
         msg_id = message_id(msg)
         first = msg_id not in self._failed_once  # (orderly retries keep reconsume_times 0)
         self.recorder.effect(key, "start")
+        if key in self.settings.get("kill_on", ()):  # a poison message: it ends the process
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(self.settings.get("slow", {}).get(key, self.settings["handler_ms"]) / 1000)
         if first and key in self.settings.get("fail_first", ()):
             self._failed_once.add(msg_id)
@@ -136,8 +150,10 @@ class E2EListener(DedupConcurrentListener):
 
 
 class E2EExactlyOnceListener(TransactionalDedupListener):
-    """The exactly-once listener (settings ``"mode": "exactly_once"``, MySQL store): dedups
-    on ``biz_key``; its handler writes one ``e2e_eo_effects`` row through ``conn``, and with
+    """The exactly-once listener (settings ``"mode": "exactly_once"``, the MySQL or the
+    PostgreSQL store, whose database holds the business tables): dedups on ``biz_key``; its
+    handler writes one ``e2e_eo_effects`` row through ``conn`` (a DB-API or psycopg
+    connection: the same cursor calls), and with
     ``"sequence": true`` applies the order step of a key ``<order>:<step>`` (sequence key
     ``(order, step)``) to ``e2e_eo_orders``. A key listed in ``"block"`` waits inside the
     transaction, after its writes, for as long as the file ``"gate"`` exists (the test
@@ -217,6 +233,8 @@ def main() -> None:
         settings["app"],
         client,
         dedup_processing_expire_milli_seconds=settings.get("lease_ms", 60_000),
+        max_lapsed_claims=settings.get("max_lapsed_claims", 0),
+        permanent_failure=settings.get("permanent_failure", "dlq"),
         **({"table_name": settings["table"]} if settings["store"] != "redis" else {}),
         **(
             {"pool_size": settings["threads"] + 4, "sequence_mode": "strict"}

@@ -10,14 +10,11 @@ from typing import Any, Awaitable, Callable, List
 import pytest
 
 from rocketmq_dedup import (
-    DedupConfig,
-    DedupConfigError,
     DedupElement,
     DedupStatus,
     DedupUsageError,
     DuplicateConsumedError,
     DuplicateInProgressError,
-    MemoryDedupStore,
     deduplicated,
 )
 
@@ -179,15 +176,3 @@ def test_an_async_duplicate_body_that_never_tests_run_is_a_usage_error(
             await close()
 
     asyncio.run(run())
-
-
-def test_an_async_call_on_a_sync_store_is_refused() -> None:
-    """An async def (or ``async with``) on a config of a sync store would block the loop:
-    DedupConfigError when decorated; a sync call on an asyncio store is refused too."""
-    config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
-
-    async def work() -> None:
-        pass
-
-    with pytest.raises(DedupConfigError, match="asyncio store"):
-        deduplicated(config, key=lambda: "k")(work)

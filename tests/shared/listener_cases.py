@@ -56,7 +56,9 @@ class RecordingListener(DedupConcurrentListener):
 
 
 def config_for(store: DedupStore, app: str, **options: Any) -> DedupConfig:
-    client = async_store_of(store) or store  # the asyncio store behind a bound one
+    client = async_store_of(store)  # the asyncio store behind a bound one
+    if client is None:  # (not `or`: an empty asyncio memory store is falsy, it has a length)
+        client = store
     return DedupConfig.enable_dedup_consume_config(app, client, **options)
 
 

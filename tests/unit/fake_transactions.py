@@ -67,7 +67,11 @@ class FakeTransaction(Transaction):
         self._step("lock_sequence")
         return self.source.sequences.get(entity)
 
+    def before_handler(self) -> None:
+        self._step("before_handler")
+
     def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
+        self.source.steps.append("run_handler")
         return handler(msg, self.conn)
 
     def misuse(self) -> Optional[str]:
@@ -91,6 +95,20 @@ class FakeTransaction(Transaction):
                 self.source.sequences[applied.entity] = applied.seq
             self._apply()
         self._step("after_commit")
+        return None
+
+    def commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        self._step("commit_failure")
+        self.conn.writes.clear()  # the handler's writes, rolled back
+        store = self.source.store
+        with self.source.lock:
+            existing = store.read(element)
+            if existing is not None:
+                return existing
+            store.mark_failed(Claim(element, owner), retention_ms, reason)
+            self.committed = True
         return None
 
     def commit(self) -> None:

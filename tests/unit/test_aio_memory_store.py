@@ -8,6 +8,7 @@ import pytest
 from rocketmq_dedup.stores.base import DedupStore
 from tests.aio_support import bound
 from tests.conftest import make_async_store
+from tests.shared.aio_failure_cases import *  # noqa: F403
 from tests.shared.listener_cases import *  # noqa: F403
 from tests.shared.store_contract import *  # noqa: F403
 

@@ -18,6 +18,7 @@ from rocketmq_dedup import (
     DedupElement,
     DedupStatus,
     DuplicateConsumedError,
+    DuplicateError,
     DuplicateInProgressError,
     MemoryDedupStore,
     StoreMisconfiguredError,
@@ -31,6 +32,7 @@ from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.once import block as block_module
 from rocketmq_dedup.status import Outcome
 from rocketmq_dedup.stores.base import Claim, ClaimResult
+from rocketmq_dedup.testing import ManualClock
 from tests.unit.fake_transactions import FakeTransactionalStore
 
 CLOSED_PORT = 1  # nothing listens on 127.0.0.1:1
@@ -326,3 +328,30 @@ def test_a_callable_object_is_deduplicated_under_its_class_name() -> None:
     topic = f"{Handler.__module__}.{Handler.__qualname__}"
     assert config.persist is not None
     assert config.persist.get_status(DedupElement("app", topic, "", "o1")) is DedupStatus.CONSUMED
+
+
+def test_a_call_on_a_failed_key_raises_and_runs_nothing() -> None:
+    """A key recorded FAILED (a listener's PermanentFailure) is not run by a call: it raises a
+    DuplicateError saying so (before: a StoreError saying the record could not be read)."""
+    store = MemoryDedupStore()
+    config = DedupConfig.enable_dedup_consume_config("app", store)
+    element = DedupElement("app", "once", "", "k")
+    store.mark_failed(Claim(element, "other"), 60_000, "bad payload")
+    with pytest.raises(DuplicateError, match="is FAILED") as raised, config.once("k"):
+        pytest.fail("the body ran")
+    assert raised.value.record.status is DedupStatus.FAILED
+
+
+def test_a_call_whose_claims_lapsed_too_often_is_parked() -> None:
+    """With max_lapsed_claims=1 a call that finds one lapsed claim of its key (a caller
+    killed in it) does not run: its key is recorded FAILED and it raises DuplicateError."""
+    clock = ManualClock()
+    store = MemoryDedupStore(clock=clock)
+    config = DedupConfig.enable_dedup_consume_config("app", store, max_lapsed_claims=1)
+    element = DedupElement("app", "once", "", "k")
+    assert store.claim(Claim(element, "killed"), 1_000).claimed
+    clock.advance(2)
+    with pytest.raises(DuplicateError, match="ended 1 consumers"), config.once("k"):
+        pytest.fail("the body ran")
+    record = store.read(element)
+    assert record is not None and record.status is DedupStatus.FAILED

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError, MissingExtraError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
@@ -37,7 +37,12 @@ from rocketmq_dedup.stores.base import (
     parse_status,
 )
 from rocketmq_dedup.stores.mysql.connection import column_text
-from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error, refusal_code
+from rocketmq_dedup.stores.mysql.errors import (
+    as_store_error,
+    error_code,
+    is_connection_error,
+    refusal_code,
+)
 from rocketmq_dedup.stores.mysql.privileges import explain
 from rocketmq_dedup.stores.mysql.rows import record_row
 from rocketmq_dedup.stores.mysql.sql import (
@@ -48,7 +53,11 @@ from rocketmq_dedup.stores.mysql.sql import (
     INSERT_CLAIM_SQL,
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
+    MARK_FAILED_SQL,
+    MARK_FAILED_SQL_NO_REASON,
     MARK_SQL,
+    MISSING_COLUMN,
+    REASONS_SQL,
     RELEASE_SQL,
     RENEW_SQL,
     SELECT_SQL,
@@ -63,6 +72,7 @@ from rocketmq_dedup.stores.mysql.store import (
     DEFAULT_POOL_TIMEOUT,
     MAX_POOL_SIZE,
     describe_factory,
+    no_reason_column,
 )
 from rocketmq_dedup.stores.pool_aio import AsyncBoundedPool
 from rocketmq_dedup.stores.sql_common import pool_options, records_of
@@ -190,14 +200,39 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
     def _row(claim: Claim, digest: bytes, ms: int) -> List[Any]:
         return [*record_row(claim.element, digest), claim.owner, ms]
 
-    async def _select(self, conn: Any, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+    async def _select_rows(
+        self, conn: Any, digests: Sequence[bytes]
+    ) -> Dict[bytes, Tuple[Record, int]]:
+        """The sync store's: the live records of ``digests`` and their claims since last
+        settled (``deliveries``), by digest."""
         sql = SELECT_SQL.format(table=self._table, marks=", ".join(["%s"] * len(digests)))
         return {
-            bytes(row[0]): Record(
-                parse_status(column_text(row[1])), column_text(row[2]), max(0, int(row[3]))
+            bytes(row[0]): (
+                Record(parse_status(column_text(row[1])), column_text(row[2]), max(0, int(row[3]))),
+                int(row[4]),
             )
             for row in await _run(conn, sql, digests, True)
         }
+
+    async def _select(self, conn: Any, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """The live records of ``digests`` by digest, with the reasons of the FAILED ones
+        among them (one more statement, only when there are some), as the sync store reads."""
+        rows = await self._select_rows(conn, digests)
+        records = {key: record for key, (record, _) in rows.items()}
+        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        if failed:
+            sql = REASONS_SQL.format(table=self._table, marks=", ".join(["%s"] * len(failed)))
+            try:
+                reasons = await _run(conn, sql, failed, True)
+            except Exception as exc:
+                if error_code(exc) != MISSING_COLUMN:
+                    raise
+                no_reason_column(self._description, self._table, exc)
+                reasons = []
+            for key, reason in reasons:
+                key = bytes(key)
+                records[key] = records[key]._replace(reason=column_text(reason))
+        return records
 
     async def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         results = await self._pool.run(self._claim_many, [claim], lease_ms)
@@ -220,26 +255,26 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
         results: Dict[int, ClaimResult] = {}
         pending = everything
         for attempt in range(_CLAIM_ATTEMPTS):
-            records = await self._select(conn, [digests[i] for i in pending])
+            rows = await self._select_rows(conn, [digests[i] for i in pending])
             vanished = []
             for i in pending:
-                record = records.get(digests[i])
+                record, deliveries = rows.get(digests[i], (None, 0))
                 if record is None:
                     vanished.append(i)
                 elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
-                    results[i] = CLAIMED
+                    # ours: taken over (or written) by the upsert; the claims before it that
+                    # lapsed since the record was last settled
+                    results[i] = (
+                        ClaimResult(True, None, deliveries - 1) if deliveries > 1 else CLAIMED
+                    )
                 else:
                     results[i] = ClaimResult(False, record)
             pending = vanished
             if not pending or attempt == _CLAIM_ATTEMPTS - 1:
                 break
-            if await self._write(conn, CLAIM_SQL, claims, digests, pending, lease_ms) == len(
-                pending
-            ):
-                for i in pending:
-                    results[i] = CLAIMED
-                pending = []
-                break
+            # The upsert's row count cannot say which rows it took (a live one is left
+            # unchanged: 0): the next pass reads them.
+            await self._write(conn, CLAIM_SQL, claims, digests, pending, lease_ms)
         for i in pending:
             results[i] = HELD_BY_OTHER
         return [results[i] for i in range(len(claims))]
@@ -280,6 +315,21 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
             table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(claims))
         )
         await _run(conn, sql, params)
+
+    async def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        await self._pool.run(self._mark_failed, claim, retention_ms, reason)
+
+    async def _mark_failed(self, conn: Any, claim: Claim, retention_ms: int, reason: str) -> None:
+        """The sync store's: with the reason, else (a table made before FAILED records)
+        without it, the fix logged."""
+        row = self._row(claim, element_digest(claim.element), retention_ms)
+        try:
+            await _run(conn, MARK_FAILED_SQL.format(table=self._table), [*row, reason])
+        except Exception as exc:
+            if error_code(exc) != MISSING_COLUMN:
+                raise
+            no_reason_column(self._description, self._table, exc)
+            await _run(conn, MARK_FAILED_SQL_NO_REASON.format(table=self._table), row)
 
     async def do_release_many(self, claims: Sequence[Claim]) -> int:
         return await self._pool.run(self._release, claims)

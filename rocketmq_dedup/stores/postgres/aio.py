@@ -14,14 +14,9 @@ import functools
 import logging
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
-from rocketmq_dedup.errors import (
-    DedupConfigError,
-    StoreError,
-    StoreLockConflictError,
-    StorePoolExhaustedError,
-    StoreUnavailableError,
-)
+from rocketmq_dedup.errors import DedupConfigError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
+from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.aio import AsyncDedupStore, is_async_postgres_source
 from rocketmq_dedup.stores.base import Claim, ClaimResult, Record
 from rocketmq_dedup.stores.pool_aio import AsyncBoundedPool
@@ -29,7 +24,7 @@ from rocketmq_dedup.stores.postgres import connections
 from rocketmq_dedup.stores.postgres.connections import (
     import_psycopg,
     is_pool_timeout,
-    is_undefined_table,
+    is_undefined_column,
 )
 from rocketmq_dedup.stores.postgres.records import (
     claim_columns,
@@ -38,17 +33,20 @@ from rocketmq_dedup.stores.postgres.records import (
     unique_by_key,
 )
 from rocketmq_dedup.stores.postgres.sql import (
-    CHECK_SQL,
     CLAIM_MANY_SQL,
     CLAIM_SQL,
     DEFAULT_TABLE_NAME,
+    MARK_FAILED_NO_REASON_SQL,
+    MARK_FAILED_SQL,
     MARK_MANY_SQL,
     MARK_SQL,
     MARK_UPSERT_SQL,
+    REASONS_SQL,
     RELEASE_MANY_SQL,
     RELEASE_SQL,
     RENEW_MANY_SQL,
     SELECT_SQL,
+    USER_SQL,
     quote_table,
     schema_statements,
     validate_table_name,
@@ -57,9 +55,10 @@ from rocketmq_dedup.stores.postgres.store import (
     DEFAULT_POOL_SIZE,
     DEFAULT_POOL_TIMEOUT,
     MAX_POOL_SIZE,
+    PostgresBoundary,
+    configured_user,
     decided,
     describe_conninfo,
-    server_message,
 )
 from rocketmq_dedup.stores.sql_common import pool_options, records_of
 
@@ -73,6 +72,9 @@ _STATEMENTS = {
     "mark": MARK_SQL,
     "mark_upsert": MARK_UPSERT_SQL,
     "mark_many": MARK_MANY_SQL,
+    "mark_failed": MARK_FAILED_SQL,
+    "mark_failed_no_reason": MARK_FAILED_NO_REASON_SQL,
+    "reasons": REASONS_SQL,
     "release": RELEASE_SQL,
     "release_many": RELEASE_MANY_SQL,
     "renew_many": RENEW_MANY_SQL,
@@ -107,7 +109,7 @@ async def _count(conn: Any, sql: str, params: Any) -> int:
     return int(cursor.rowcount)
 
 
-class AsyncPostgresDedupStore(AsyncDedupStore):
+class AsyncPostgresDedupStore(PostgresBoundary, AsyncDedupStore):
     """Dedup records in a PostgreSQL table through psycopg's async API (module docstring).
 
     :param source: ``functools.partial(psycopg.AsyncConnection.connect, dsn, ...)`` or a
@@ -133,6 +135,7 @@ class AsyncPostgresDedupStore(AsyncDedupStore):
                 "connect, ...) or a psycopg_pool.AsyncConnectionPool"
             )
         self.table_name = validate_table_name(table_name)
+        self._user = configured_user(source)
         table = quote_table(self.table_name)
         self._sql: Dict[str, str] = {k: v.format(table=table) for k, v in _STATEMENTS.items()}
         self._user_pool: Any = None
@@ -191,30 +194,6 @@ class AsyncPostgresDedupStore(AsyncDedupStore):
                 await self._user_pool.check()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    # -- the boundary: as the sync store's -------------------------------------------------
-
-    def describe(self) -> str:
-        return self._description
-
-    def is_outage(self, exc: BaseException) -> bool:
-        return connections.is_outage(exc)
-
-    def wrap_error(self, exc: Exception) -> StoreError:
-        if is_pool_timeout(exc):
-            return StorePoolExhaustedError(
-                f"{self.describe()}: no free connection in the psycopg_pool pool: "
-                f"{type(exc).__name__}: {exc} (not an outage: consumed later)"
-            )
-        if is_undefined_table(exc):
-            return StoreError(
-                f"{self.describe()}: the table does not exist: create it with create_table() "
-                f"or `rocketmq-dedup schema postgres` ({server_message(exc)})"
-            )
-        text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
-        if connections.is_lock_conflict(exc):
-            return StoreLockConflictError(text)
-        return (StoreUnavailableError if self.is_outage(exc) else StoreError)(text)
-
     async def aclose(self) -> None:
         if self._pool is not None:
             await self._pool.close()
@@ -227,18 +206,21 @@ class AsyncPostgresDedupStore(AsyncDedupStore):
     # -- I/O hooks -----------------------------------------------------------------------
 
     async def do_check(self) -> None:
-        await self._run(_rows, CHECK_SQL, ())
+        """Connect (or borrow a connection) and ask the server which user the session is (what
+        a refusal's GRANT names), as the sync store does."""
+        ((user,),) = await self._run(_rows, USER_SQL, ())
+        self._user = str(user)
 
     async def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         params = claim_row(claim, element_digest(claim.element), lease_ms)
-        ((status, owner, left),) = await self._run(_rows, self._sql["claim"], params)
-        return decided(claim, status, owner, left)
+        ((status, owner, left, claims),) = await self._run(_rows, self._sql["claim"], params)
+        return decided(claim, status, owner, left, claims)
 
     async def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         digests, unique = unique_by_key(claims)
         columns = claim_columns(claims, digests, unique)
         found = await self._run(_rows, self._sql["claim_many"], (lease_ms, *columns))
-        rows = {bytes(key): (status, owner, left) for key, status, owner, left in found}
+        rows = {bytes(key): tuple(row) for key, *row in found}
         results = []
         for claim, digest in zip(claims, digests, strict=True):
             row = rows.get(digest)
@@ -259,6 +241,21 @@ class AsyncPostgresDedupStore(AsyncDedupStore):
         digests, unique = unique_by_key(claims)
         columns = claim_columns(claims, digests, unique)
         await self._run(_count, self._sql["mark_many"], (retention_ms, *columns))
+
+    async def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        await self._run(self._mark_failed, claim, retention_ms, reason)
+
+    async def _mark_failed(self, conn: Any, claim: Claim, retention_ms: int, reason: str) -> None:
+        """The sync store's: with the reason, else (a table made before FAILED records)
+        without it, the fix logged."""
+        row = claim_row(claim, element_digest(claim.element), retention_ms)
+        try:
+            await _count(conn, self._sql["mark_failed"], (*row, reason))
+        except Exception as exc:
+            if not is_undefined_column(exc):
+                raise
+            self._no_reason_column(exc)
+            await _count(conn, self._sql["mark_failed_no_reason"], row)
 
     async def do_release(self, claim: Claim) -> bool:
         params = (element_digest(claim.element), claim.owner)
@@ -282,9 +279,25 @@ class AsyncPostgresDedupStore(AsyncDedupStore):
 
     async def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         digests = [element_digest(e) for e in elements]
-        rows = await self._run(_rows, self._sql["select"], (digests,))
-        found = {bytes(key): live_record(status, owner, left) for key, status, owner, left in rows}
-        return records_of(elements, digests, found)
+        return records_of(elements, digests, await self._run(self._select, digests))
+
+    async def _select(self, conn: Any, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """The live records of ``digests`` by digest, with the reasons of the FAILED ones
+        among them (one more statement, only when there are some), as the sync store reads."""
+        rows = await _rows(conn, self._sql["select"], (list(digests),))
+        records = {bytes(k): live_record(status, owner, left) for k, status, owner, left in rows}
+        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        if failed:
+            try:
+                reasons = await _rows(conn, self._sql["reasons"], (failed,))
+            except Exception as exc:
+                if not is_undefined_column(exc):
+                    raise
+                self._no_reason_column(exc)
+                reasons = []
+            for key, reason in reasons:
+                records[bytes(key)] = records[bytes(key)]._replace(reason=reason)
+        return records
 
 
 async def _close(conn: Any) -> None:

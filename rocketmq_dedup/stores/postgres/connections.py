@@ -27,10 +27,11 @@ prepared statement either way.
 
 Outages (:func:`is_outage`): psycopg's ``OperationalError`` family (connection refused or lost,
 the server shutting down or out of connections), except a pool's timeout (:func:`is_pool_timeout`:
-the pool is busy, not the server down) and what a working server answers to statements that
+the pool is busy, not the server down), what a working server answers to statements that
 met each other (:data:`LOCK_CONFLICTS`: a deadlock, a serialization failure, a lock wait ended
-by ``lock_timeout`` or ``statement_timeout``). Those are store errors: the message is consumed
-later, never run without dedup.
+by ``lock_timeout`` or ``statement_timeout``), and its refusals (:mod:`.errors`: a failed
+login, a missing privilege, a read-only server). Those are store errors: the message is
+consumed later, never run without dedup.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, T
 
 from rocketmq_dedup.errors import MissingExtraError, StoreError
 from rocketmq_dedup.stores.pool import BoundedPool
+from rocketmq_dedup.stores.postgres.errors import refusal
 
 logger = logging.getLogger(__name__)
 
@@ -111,18 +113,27 @@ def is_lock_conflict(exc: BaseException) -> bool:
 
 
 def is_outage(exc: BaseException) -> bool:
-    """True if ``exc`` means the server or the connection failed (module docstring)."""
+    """True if ``exc`` means the server or the connection failed (module docstring): never a
+    refusal a person must fix (:func:`~.errors.refusal`: a failed login, a missing privilege, a
+    read-only server)."""
     psycopg = import_psycopg()
     return (
         isinstance(exc, psycopg.OperationalError)
         and not _module(type(exc)).startswith("psycopg_pool")
         and not is_lock_conflict(exc)
+        and refusal(exc) is None
     )
 
 
 def is_undefined_table(exc: BaseException) -> bool:
     """True for the server's "relation does not exist" (sqlstate 42P01)."""
     return getattr(exc, "sqlstate", None) == "42P01"
+
+
+def is_undefined_column(exc: BaseException) -> bool:
+    """True for the server's "column does not exist" (sqlstate 42703): a table made before a
+    column was added."""
+    return getattr(exc, "sqlstate", None) == "42703"
 
 
 def type_name(value: Any) -> str:
@@ -160,13 +171,14 @@ class HotStatements(NamedTuple):
 
     claim: str
     """Parameters (key, application, topic, tag, key text, owner, lease ms); one row (status,
-    owner, ms left)."""
+    owner, ms left, claims since last settled)."""
     mark: str
     """Parameters (owner, retention ms, key); no row."""
 
 
-#: A row a claim statement returns: status, owner, milliseconds left.
-ClaimRow = Tuple[str, str, int]
+#: A row a claim statement returns: status, owner, milliseconds left, claims since the record
+#: was last settled (``deliveries``).
+ClaimRow = Tuple[str, str, int, int]
 
 
 class Runner:
@@ -184,8 +196,8 @@ class Runner:
 
     def claim(self, params: Sequence[Any]) -> ClaimRow:
         """Run the claim statement; its one row."""
-        ((status, owner, left),) = self.rows(self.hot.claim, params)
-        return status, owner, left
+        ((status, owner, left, claims),) = self.rows(self.hot.claim, params)
+        return status, owner, left, claims
 
     def mark(self, params: Sequence[Any]) -> int:
         """Run the mark statement; how many rows it changed."""
@@ -277,8 +289,8 @@ class LibpqRunner(Runner):
         if self._claim is None:
             self._claim = self._statement(self._CLAIM_NAME, self.hot.claim)
         result = self._check(self._run(self._claim, values, self._CLAIM_FORMATS), TUPLES_OK)
-        status, owner_token, left = (result.get_value(0, i) for i in range(3))
-        return status.decode(), owner_token.decode(), int(left)
+        status, owner_token, left, claims = (result.get_value(0, i) for i in range(4))
+        return status.decode(), owner_token.decode(), int(left), int(claims)
 
     def mark(self, params: Sequence[Any]) -> int:
         owner, retention_ms, key = params

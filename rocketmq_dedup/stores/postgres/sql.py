@@ -11,7 +11,7 @@ takeover and the one reported to the caller are the same instant.
 from __future__ import annotations
 
 import re
-from typing import List
+from typing import Dict, List, Optional
 
 from rocketmq_dedup.errors import DedupConfigError
 
@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS {table} (
   owner_token      varchar(64)  NOT NULL,
   expire_time      timestamptz  NOT NULL,
   deliveries       bigint       NOT NULL DEFAULT 1,
+  failure_reason   varchar(255),
   PRIMARY KEY (dedup_key)
 )"""
 
@@ -50,10 +51,11 @@ COLUMN_COMMENTS = {
     "topic": "first 255 characters, for operators",
     "tag": "first 255 characters, for operators",
     "msg_uniq_key": "first 255 characters, for operators",
-    "status": "CONSUMING or CONSUMED",
+    "status": "CONSUMING, CONSUMED or FAILED",
     "owner_token": "the claim that wrote the row",
     "expire_time": "end of the lease or the retention, database server clock",
-    "deliveries": "claims and duplicates seen",
+    "deliveries": "claims since the record was last settled (1 + those that lapsed)",
+    "failure_reason": "why a FAILED message never succeeds",
 }
 
 COLUMNS = "dedup_key, application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time"
@@ -70,38 +72,46 @@ REQUIRED_COLUMNS = (*(c.strip() for c in COLUMNS.split(",")), "deliveries")
 # ON CONFLICT DO UPDATE locks and reads the latest committed version of the row, whatever the
 # statement's snapshot (it waits for a row another session is inserting), so there is no window
 # in which the refusing row cannot be seen. The price: a duplicate writes a new version of its
-# row (a heap-only update, `deliveries` + 1). Measured against the alternative, a statement that
-# leaves a live row unwritten (DO UPDATE ... WHERE expired, and the refusing row read in the
-# same statement through a CTE): a fresh message's claim 147 against 186 us, a duplicate's 156
-# against 162 us (AMD EPYC, libpq-level loop, median of 15 interleaved runs).
+# row (a heap-only update, every value as it was). Measured against the alternative, a
+# statement that leaves a live row unwritten (DO UPDATE ... WHERE expired, and the refusing
+# row read in the same statement through a CTE): a fresh message's claim 147 against 186 us,
+# a duplicate's 156 against 162 us (AMD EPYC, libpq-level loop, median of 15 interleaved runs).
 #
 # Batches: the rows come from ``unnest`` of one array per column (keys unique within a batch:
 # ON CONFLICT cannot touch one row twice in a statement), in key order (concurrent batches lock
 # rows in the same order: no deadlock).
+#
+# `deliveries` counts the claims since the record was last settled: taking over an expired
+# CONSUMING claim (never settled: its consumer died in it, a lapsed claim) adds one, taking over
+# an expired CONSUMED or FAILED record starts again at 1, a live row keeps it; the claim reads
+# its lapsed claims as deliveries - 1. (A release deletes the row; a mark keeps the count until
+# the record expires.) Every SET expression reads the row as it was.
 _TAKEN_OVER = f"r.expire_time <= {NOW}"
 _CLAIM_UPSERT = f"""\
 ON CONFLICT (dedup_key) DO UPDATE SET
-  deliveries = r.deliveries + 1,
+  deliveries = CASE WHEN {_TAKEN_OVER}
+    THEN CASE WHEN r.status = 'CONSUMING' THEN r.deliveries + 1 ELSE 1 END
+    ELSE r.deliveries END,
   status = CASE WHEN {_TAKEN_OVER} THEN EXCLUDED.status ELSE r.status END,
   owner_token = CASE WHEN {_TAKEN_OVER} THEN EXCLUDED.owner_token ELSE r.owner_token END,
   expire_time = CASE WHEN {_TAKEN_OVER} THEN EXCLUDED.expire_time ELSE r.expire_time END
 RETURNING"""
 
 # One element: parameters (key, application, topic, tag, key text, owner, lease ms); one row
-# (status, owner, ms left).
+# (status, owner, ms left, claims since last settled).
 CLAIM_SQL = f"""\
 INSERT INTO {{table}} AS r ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s, 'CONSUMING', %s, {_EXPIRY})
-{_CLAIM_UPSERT} r.status, r.owner_token, {_LEFT_MS}"""
+{_CLAIM_UPSERT} r.status, r.owner_token, {_LEFT_MS}, r.deliveries"""
 
 # Several elements: parameters (lease ms, keys, applications, topics, tags, key texts, owners);
-# one row (key, status, owner, ms left) per key.
+# one row (key, status, owner, ms left, claims since last settled) per key.
 CLAIM_MANY_SQL = f"""\
 INSERT INTO {{table}} AS r ({COLUMNS})
 SELECT k, a, t, g, m, 'CONSUMING', o, {_EXPIRY}
 FROM unnest(%s::bytea[], %s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[],
             %s::varchar[]) AS v(k, a, t, g, m, o)
-{_CLAIM_UPSERT} r.dedup_key, r.status, r.owner_token, {_LEFT_MS}"""
+{_CLAIM_UPSERT} r.dedup_key, r.status, r.owner_token, {_LEFT_MS}, r.deliveries"""
 
 # -- marks, releases, renewals --------------------------------------------------------------------
 # A success is always recorded, whoever holds the row now. The row is normally still there (the
@@ -128,6 +138,32 @@ FROM unnest(%s::bytea[], %s::varchar[], %s::varchar[], %s::varchar[], %s::varcha
             %s::varchar[]) AS v(k, a, t, g, m, o)
 {_MARK_UPSERT}"""
 
+# A FAILED record, whoever holds the row, unless it is a live CONSUMED one (a success is never
+# downgraded); it settles the record (deliveries 1). Parameters (key, application, topic, tag,
+# key text, owner, retention ms, reason). A table made before FAILED records has no reason
+# column (UndefinedColumn): then MARK_FAILED_NO_REASON_SQL, parameters without the reason.
+_MARK_FAILED_UPSERT = f"""\
+ON CONFLICT (dedup_key) DO UPDATE SET
+  status = 'FAILED', owner_token = EXCLUDED.owner_token, expire_time = EXCLUDED.expire_time,
+  deliveries = 1{{reason}}
+WHERE NOT (r.status = 'CONSUMED' AND r.expire_time > {NOW})"""
+MARK_FAILED_SQL = f"""\
+INSERT INTO {{table}} AS r ({COLUMNS}, failure_reason)
+VALUES (%s, %s, %s, %s, %s, 'FAILED', %s, {_EXPIRY}, %s)
+{_MARK_FAILED_UPSERT.format(reason=", failure_reason = EXCLUDED.failure_reason")}"""
+MARK_FAILED_NO_REASON_SQL = f"""\
+INSERT INTO {{table}} AS r ({COLUMNS})
+VALUES (%s, %s, %s, %s, %s, 'FAILED', %s, {_EXPIRY})
+{_MARK_FAILED_UPSERT.format(reason="")}"""
+# The reasons of the FAILED records among some keys (read only for those). Parameter: the keys.
+REASONS_SQL = (
+    "SELECT dedup_key, failure_reason FROM {table} "
+    "WHERE dedup_key = ANY(%s::bytea[]) AND status = 'FAILED'"
+)
+#: The column FAILED records keep their reason in, and what adds it to a table made before.
+REASON_COLUMN = "failure_reason"
+ADD_REASON_SQL = "ALTER TABLE {table} ADD COLUMN failure_reason varchar(255)"
+
 # Deletes a claim only while it is still the owner's CONSUMING one. Parameters (key, owner).
 RELEASE_SQL = (
     "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
@@ -152,12 +188,11 @@ SELECT_SQL = (
 
 # -- purge -----------------------------------------------------------------------------------------
 # The purge's scan: the next batch of keys after a key, in primary-key order (bytea compares
-# bytewise), each with whether it has expired on the server's clock.
+# bytewise), each with how long ago it expired on the server's clock (ms; negative: live).
 PURGE_SCAN_SQL = (
-    f"SELECT dedup_key, expire_time <= {NOW} FROM {{table}} "
-    "WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
+    f"SELECT dedup_key, floor(extract(epoch FROM {NOW} - expire_time) * 1000)::bigint "
+    "FROM {table} WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
 )
-# Deletes the listed rows that are still expired (one may have been taken over since the scan).
 PURGE_SQL = f"DELETE FROM {{table}} WHERE dedup_key = ANY(%s::bytea[]) AND expire_time <= {NOW}"
 
 # -- operators (rocketmq-dedup check, release, stats) ---------------------------------------------
@@ -185,17 +220,125 @@ SELECT a.attname, COALESCE(a.attnum = ANY(i.indkey), false)
 FROM pg_attribute a
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
 WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped"""
-# Whether the session's user may do what the store does on the table (each privilege: given a
-# list, has_table_privilege answers whether any of them is held). Parameter: the quoted name.
+# Whether the session's user may do what the store does on the table: one column per privilege
+# (rocketmq_dedup.stores.postgres.errors.PRIVILEGES), and the user. Parameter: the quoted name.
 PRIVILEGES_SQL = (
     "SELECT "
-    + " AND ".join(
-        f"has_table_privilege(t, '{p}')" for p in ("SELECT", "INSERT", "UPDATE", "DELETE")
-    )
-    + " FROM to_regclass(%s) AS t"
+    + ", ".join(f"has_table_privilege(t, '{p}')" for p in ("SELECT", "INSERT", "UPDATE", "DELETE"))
+    + ", current_user FROM to_regclass(%s) AS t"
 )
+# The in-process purger's session: its purge lock is a session-level advisory lock whose 64-bit
+# key is (PURGE_LOCK_CLASS << 32) + the table's oid (rocketmq_dedup.stores.postgres.purge).
+# Parameter: the quoted table name; NULL when there is no such table.
+TABLE_OID_SQL = "SELECT to_regclass(%s)::oid::bigint"
+PURGE_TRY_LOCK_SQL = "SELECT pg_try_advisory_lock(%s::bigint)"
+# Who holds it (pg_locks shows a bigint key as its high and low 32 bits). Parameters (high, low).
+PURGE_LOCK_HOLDER_SQL = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::oid "
+    "AND objid = %s::oid AND objsubid = 1 AND granted"
+)
+# A purge DELETE gives way to a consumer's row lock within this long (the next pass takes those
+# rows), on the purger's own session.
+PURGE_SESSION_SQL = "SET lock_timeout = '2s'"
 VERSION_SQL = "SELECT current_setting('server_version'), current_setting('server_encoding')"
 CHECK_SQL = "SELECT 1"
+# The session's user (what a refusal's GRANT names).
+USER_SQL = "SELECT current_user"
+
+
+# -- exactly-once mode (rocketmq_dedup.transactional) --------------------------------------------
+# Statements of the message transactions (rocketmq_dedup.stores.postgres.transaction), sent
+# through libpq in pipelines: ``%s`` placeholders become ``$1``, ``$2``... there.
+
+#: The sequence table is named after the dedup table: ``<table>_seq``.
+SEQUENCE_TABLE_SUFFIX = "_seq"
+
+SEQUENCE_SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  entity_key       bytea        NOT NULL,
+  application_name varchar(255) NOT NULL,
+  entity           varchar(255) NOT NULL,
+  last_seq         bigint       NULL,
+  PRIMARY KEY (entity_key)
+)"""
+
+#: The comments of the sequence table's columns.
+SEQUENCE_COLUMN_COMMENTS = {
+    "entity_key": "SHA-256 of (application, entity)",
+    "application_name": "first 255 characters, for operators",
+    "entity": "first 255 characters, for operators",
+    "last_seq": "last sequence number applied; NULL: none yet",
+}
+
+# The entity's row, locked until the end of the transaction (created when new), and its last
+# applied number. One statement: ON CONFLICT DO UPDATE waits for a row another transaction
+# holds, then locks and returns the latest committed version (READ COMMITTED), so a step that
+# waited for its entity reads what the step before it committed. Parameters (entity key,
+# application, entity); one row (last_seq).
+SEQUENCE_LOCK_SQL = """\
+INSERT INTO {table} AS s (entity_key, application_name, entity, last_seq)
+VALUES (%s, %s, %s, NULL)
+ON CONFLICT (entity_key) DO UPDATE SET last_seq = s.last_seq
+RETURNING s.last_seq"""
+# Parameters (seq, entity key).
+SEQUENCE_SET_SQL = "UPDATE {table} SET last_seq = %s WHERE entity_key = %s"
+
+# The CONSUMED record, written in the business transaction and sent with its COMMIT (one
+# pipeline). It must FAIL when a live record of another attempt is in the way, so that the
+# COMMIT after it is never run (PostgreSQL aborts a transaction at its failed statement): an
+# INSERT ... ON CONFLICT DO NOTHING would not fail, and would let the business writes commit
+# beside another copy's record. The upsert takes over an expired record in the same statement
+# (DO UPDATE ... WHERE expired) and returns a row only when it wrote one; 1 / count(*) then
+# fails with division_by_zero (22012) when it wrote none: a live record refused it. A copy
+# whose row another transaction is inserting waits for that transaction's end: its commit
+# refuses this one, its rollback lets it write. Parameters (key, application, topic, tag, key
+# text, owner, retention ms).
+_RECORD_WRITE = f"""\
+WITH written AS (
+  INSERT INTO {{{{table}}}} AS r ({COLUMNS}{{columns}})
+  VALUES (%s, %s, %s, %s, %s, '{{status}}', %s, {_EXPIRY}{{values}})
+  ON CONFLICT (dedup_key) DO UPDATE SET
+    status = '{{status}}', owner_token = EXCLUDED.owner_token,
+    expire_time = EXCLUDED.expire_time{{update}}
+  WHERE {_TAKEN_OVER}
+  RETURNING 1
+)
+SELECT 1 / count(*) FROM written"""
+RECORD_COMMIT_SQL = _RECORD_WRITE.format(status="CONSUMED", columns="", values="", update="")
+# The FAILED record of a permanent failure, committed alone after the handler's writes were
+# rolled back, refused the same way. Parameters: RECORD_COMMIT_SQL's, then the reason; without
+# it on a table made before FAILED records (UndefinedColumn).
+RECORD_FAILED_SQL = _RECORD_WRITE.format(
+    status="FAILED",
+    columns=", failure_reason",
+    values=", %s",
+    update=", failure_reason = EXCLUDED.failure_reason",
+)
+RECORD_FAILED_NO_REASON_SQL = _RECORD_WRITE.format(
+    status="FAILED", columns="", values="", update=""
+)
+#: The sqlstate of :data:`RECORD_COMMIT_SQL` refused (division_by_zero), recognised from that
+#: statement only.
+RECORD_REFUSED = "22012"
+
+# The key's live record: status, owner, ms left. Parameter: the key.
+RECORD_READ_SQL = (
+    f"SELECT status, owner_token, {_LEFT_MS} FROM {{table}} "
+    f"WHERE dedup_key = %s AND expire_time > {NOW}"
+)
+
+# claim="before_handler": the key's advisory lock, taken without waiting (true: taken; false:
+# another transaction holds it), freed at the end of the transaction (a killed consumer's with
+# its session). Parameter: the lock's 64-bit key (rocketmq_dedup.stores.postgres.transaction).
+KEY_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s::bigint)"
+
+
+def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> Optional[str]:
+    """The sequence table of the dedup table ``table_name`` (same schema); None when
+    ``<table>_seq`` would be longer than an identifier may be (a table name of 60-63 bytes: the
+    exactly-once mode then has no sequence guard)."""
+    name = validate_table_name(table_name) + SEQUENCE_TABLE_SUFFIX
+    return name if _TABLE_NAME_RE.match(name) and len(name.encode()) <= 127 else None
 
 
 def validate_table_name(name: str) -> str:
@@ -214,11 +357,26 @@ def quote_table(table_name: str) -> str:
 
 
 def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
-    """The statements that create the dedup table if it does not exist, and comment its
-    columns: what ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
+    """The statements that create, if they do not exist, every table the store uses (and add
+    the columns a dedup table made by an earlier version lacks), and comment their columns: the
+    dedup table, and the exactly-once mode's sequence table when its name fits
+    (:func:`sequence_table_name`; it stays empty unless that mode's ``sequence_key`` is used).
+    What ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
     table = quote_table(validate_table_name(table_name))
-    comments = [
-        f"COMMENT ON COLUMN {table}.{column} IS '{text}'"
-        for column, text in COLUMN_COMMENTS.items()
+    # A table made before FAILED records gets their reason's column (CREATE TABLE IF NOT EXISTS
+    # adds none to an existing table).
+    upgrade = f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {REASON_COLUMN} varchar(255)"
+    statements = _table_statements(table_name, SCHEMA_SQL, COLUMN_COMMENTS)
+    statements.insert(1, upgrade)
+    sequence = sequence_table_name(table_name)
+    if sequence is not None:
+        statements += _table_statements(sequence, SEQUENCE_SCHEMA_SQL, SEQUENCE_COLUMN_COMMENTS)
+    return statements
+
+
+def _table_statements(name: str, schema: str, comments: Dict[str, str]) -> List[str]:
+    table = quote_table(validate_table_name(name))
+    return [
+        schema.format(table=table),
+        *(f"COMMENT ON COLUMN {table}.{column} IS '{text}'" for column, text in comments.items()),
     ]
-    return [SCHEMA_SQL.format(table=table), *comments]

@@ -6,10 +6,12 @@ import functools
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.errors import (
     DedupConfigError,
     StoreError,
     StoreLockConflictError,
+    StoreMisconfiguredError,
     StorePoolExhaustedError,
     StoreUnavailableError,
 )
@@ -22,6 +24,7 @@ from rocketmq_dedup.stores.base import (
     DedupStore,
     Diagnosis,
     Record,
+    StoreBoundary,
     StoreStats,
     oldest_claims,
 )
@@ -32,13 +35,18 @@ from rocketmq_dedup.stores.postgres.connections import (
     OwnConnections,
     Runner,
     UserPoolConnections,
+    close_quietly,
     import_psycopg,
     is_pool_timeout,
     is_psycopg_connection,
     is_psycopg_pool,
+    is_undefined_column,
     is_undefined_table,
+    prepare_connection,
     type_name,
 )
+from rocketmq_dedup.stores.postgres.errors import PRIVILEGES, explain, refusal
+from rocketmq_dedup.stores.postgres.purge import PostgresPurgeSession, purge_step
 from rocketmq_dedup.stores.postgres.records import (
     claim_columns,
     claim_row,
@@ -48,6 +56,7 @@ from rocketmq_dedup.stores.postgres.records import (
     unique_by_key,
 )
 from rocketmq_dedup.stores.postgres.sql import (
+    ADD_REASON_SQL,
     CHECK_SQL,
     CLAIM_MANY_SQL,
     CLAIM_SQL,
@@ -55,26 +64,33 @@ from rocketmq_dedup.stores.postgres.sql import (
     COLUMNS_SQL,
     DEFAULT_TABLE_NAME,
     DELETE_SQL,
+    MARK_FAILED_NO_REASON_SQL,
+    MARK_FAILED_SQL,
     MARK_MANY_SQL,
     MARK_SQL,
     MARK_UPSERT_SQL,
     OLDEST_CONSUMED_SQL,
     PRIVILEGES_SQL,
-    PURGE_SCAN_SQL,
-    PURGE_SQL,
+    REASON_COLUMN,
+    REASONS_SQL,
     RELEASE_MANY_SQL,
     RELEASE_SQL,
     RENEW_MANY_SQL,
     REQUIRED_COLUMNS,
     SELECT_SQL,
     STATS_SQL,
+    USER_SQL,
     VERSION_SQL,
     quote_table,
     schema_statements,
+    sequence_table_name,
     validate_table_name,
 )
+from rocketmq_dedup.stores.postgres.transaction import PostgresTransactions
+from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
+    SqlTables,
     deletable,
     detached_connections,
     is_sqlalchemy_engine,
@@ -108,6 +124,29 @@ def describe_conninfo(conninfo: str, keywords: Dict[str, Any]) -> str:
     return f"{user}@{where}/{database}" if user else f"{where}/{database}"
 
 
+def configured_user(source: Any) -> Optional[str]:
+    """The user a source logs in as, from its connection string or keywords (a
+    ``functools.partial`` of ``psycopg.connect``, a psycopg_pool pool, an engine's URL); None
+    when it cannot be read. The start-up check asks the server (``current_user``)."""
+    try:
+        if is_psycopg_pool(source):
+            conninfo, keywords = str(source.conninfo or ""), dict(source.kwargs or {})
+        elif isinstance(source, functools.partial):
+            positional = source.args[0] if source.args and isinstance(source.args[0], str) else ""
+            keywords = {k: v for k, v in source.keywords.items() if k != "conninfo"}
+            conninfo = str(source.keywords.get("conninfo", positional))
+        elif is_sqlalchemy_engine(source):
+            return source.url.username or None
+        else:
+            return None
+        from psycopg.conninfo import conninfo_to_dict
+
+        user = conninfo_to_dict(conninfo, **keywords).get("user")
+    except Exception:  # a malformed string fails at connect time, with the driver's message
+        return None
+    return str(user) if user else None
+
+
 def describe_source(source: Any) -> str:
     """Where a factory or a psycopg_pool pool connects, for messages."""
     if is_psycopg_pool(source):
@@ -122,7 +161,70 @@ def describe_source(source: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-class PostgresDedupStore(DedupStore):
+class PostgresBoundary(StoreBoundary):
+    """The boundary the PostgreSQL stores share, sync and asyncio (no I/O): what a driver
+    error is (:mod:`.errors`, :mod:`.connections`), each wrapped once, and the warning about a
+    table made before FAILED records."""
+
+    table_name: str
+    _description: str
+    #: The user a refusal's GRANT names: the configured one, then what the server reported
+    #: to the last check.
+    _user: Optional[str] = None
+
+    def describe(self) -> str:
+        return self._description
+
+    def is_outage(self, exc: BaseException) -> bool:
+        return connections.is_outage(exc)
+
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """The GRANT to run, the login to fix or the server to point at, for a refusal
+        (:mod:`.errors`: 42501 insufficient privilege, 25006 a read-only server, 28P01/28000
+        a refused login)."""
+        kind = refusal(exc)
+        if kind is None:
+            return None
+        return explain(kind, server_message(exc), self.table_name, self._user)
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """A pool that had no connection in time as :class:`StorePoolExhaustedError`; a
+        refusal a person must fix as :class:`StoreMisconfiguredError` naming the fix; a
+        missing table named as such; a lock wait or a deadlock as
+        :class:`StoreLockConflictError`; the rest as any store."""
+        fix = self.misconfiguration(exc)
+        if fix is not None:
+            text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
+            return StoreMisconfiguredError(text, fix)
+        if is_pool_timeout(exc):
+            return StorePoolExhaustedError(
+                f"{self.describe()}: no free connection in the psycopg_pool pool: "
+                f"{type(exc).__name__}: {exc} (not an outage: consumed later; size the pool "
+                "for the consumer's threads or tasks)"
+            )
+        if is_undefined_table(exc):
+            return StoreError(
+                f"{self.describe()}: the table does not exist: create it with create_table() "
+                "or the statements of `rocketmq-dedup schema postgres` "
+                f"({server_message(exc)})"
+            )
+        text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
+        if connections.is_lock_conflict(exc):
+            return StoreLockConflictError(text)
+        return (StoreUnavailableError if self.is_outage(exc) else StoreError)(text)
+
+    def _no_reason_column(self, exc: BaseException) -> None:
+        """A table made before FAILED records: written without the reason, the fix logged."""
+        _old_table_log.log(
+            logging.WARNING,
+            "%s: %s; FAILED records are written without their reason; add the column: %s",
+            self._description,
+            server_message(exc),
+            ADD_REASON_SQL.format(table=quote_table(self.table_name)),
+        )
+
+
+class PostgresDedupStore(PostgresBoundary, SqlTables, DedupStore):
     """Dedup records in a PostgreSQL table (the ``[postgres]`` extra: psycopg 3).
 
     :param source: where connections come from: a zero-argument callable returning a new
@@ -138,6 +240,10 @@ class PostgresDedupStore(DedupStore):
         run without dedup); a psycopg_pool pool's own ``timeout`` applies to it.
     """
 
+    #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
+    proves_writes = True
+    longest_name = "63 bytes"
+
     def __init__(
         self,
         source: Any,
@@ -147,9 +253,15 @@ class PostgresDedupStore(DedupStore):
     ) -> None:
         import_psycopg()  # the [postgres] extra, named now rather than at the first message
         self.table_name = validate_table_name(table_name)
-        table = quote_table(self.table_name)
-        hot = HotStatements(CLAIM_SQL.format(table=table), MARK_SQL.format(table=table))
+        self._table = table = quote_table(self.table_name)
+        self._hot = hot = HotStatements(CLAIM_SQL.format(table=table), MARK_SQL.format(table=table))
         self.engine: Any = None
+        #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
+        #: be too long (a table name of 60-63 bytes): the mode then runs without one.
+        self.sequence_table_name: Optional[str] = sequence_table_name(self.table_name)
+        #: The user a refusal's GRANT names: the configured one, then what the server reported
+        #: to the last check.
+        self._user: Optional[str] = configured_user(source)
         if is_psycopg_pool(source):
             if pool_size is not None or pool_timeout is not None:
                 raise DedupConfigError(
@@ -159,8 +271,15 @@ class PostgresDedupStore(DedupStore):
             where = describe_source(source)
             self._description = f"PostgreSQL {where} table {self.table_name}"
             self.connections: Connections = UserPoolConnections(source, hot, self._description)
+            self._connect: Callable[[], Any] = functools.partial(
+                import_psycopg().connect, str(source.conninfo or ""), **dict(source.kwargs or {})
+            )
+            transactions = PostgresTransactions(
+                self.table_name, self.sequence_table_name, self.wrap_error, user_pool=source
+            )
         else:
             connect, where = self._factory(source)
+            self._connect = connect
             self._description = f"PostgreSQL {where} table {self.table_name}"
             size, timeout = pool_options(
                 DEFAULT_POOL_SIZE if pool_size is None else pool_size,
@@ -168,6 +287,19 @@ class PostgresDedupStore(DedupStore):
                 MAX_POOL_SIZE,
             )
             self.connections = OwnConnections(connect, hot, size, timeout, self._description)
+            transactions = PostgresTransactions(
+                self.table_name,
+                self.sequence_table_name,
+                self.wrap_error,
+                connect=connect,
+                pool_size=size,
+                pool_timeout=timeout,
+                engine=self.engine,
+            )
+        #: The exactly-once mode's transactions (:mod:`.transaction`): on a factory, their own
+        #: pool (opened on first use), so a transaction held for a whole handler never starves
+        #: claims, marks and lease renewal; on a psycopg_pool pool or an engine, theirs.
+        self.transactions: PostgresTransactions = transactions
         self._run = self.connections.run
         self._sql: Dict[str, str] = {
             name: sql.format(table=table)
@@ -179,8 +311,9 @@ class PostgresDedupStore(DedupStore):
                 ("release_many", RELEASE_MANY_SQL),
                 ("renew_many", RENEW_MANY_SQL),
                 ("select", SELECT_SQL),
-                ("purge_scan", PURGE_SCAN_SQL),
-                ("purge", PURGE_SQL),
+                ("mark_failed", MARK_FAILED_SQL),
+                ("mark_failed_no_reason", MARK_FAILED_NO_REASON_SQL),
+                ("reasons", REASONS_SQL),
                 ("delete", DELETE_SQL),
                 ("stats", STATS_SQL),
                 ("claims", CLAIMS_SQL),
@@ -217,7 +350,10 @@ class PostgresDedupStore(DedupStore):
                 "postgresql+psycopg:// engine (psycopg 3)"
             )
 
+        from rocketmq_dedup.stores.sqlalchemy_guard import install
+
         self.engine = engine
+        install(engine)  # conn.commit()/rollback() refused while an exactly-once handler runs
         url = engine.url.render_as_string(hide_password=True)
         return detached_connections(engine), f"{url} (SQLAlchemy)"
 
@@ -227,45 +363,24 @@ class PostgresDedupStore(DedupStore):
         application's ``psycopg_pool`` pool it borrows from."""
         return self.connections.pool
 
-    def describe(self) -> str:
-        return self._description
-
-    def is_outage(self, exc: BaseException) -> bool:
-        return connections.is_outage(exc)
-
-    def wrap_error(self, exc: Exception) -> StoreError:
-        """A pool that had no connection in time as :class:`StorePoolExhaustedError`; a
-        missing table named as such; a lock wait or a deadlock as
-        :class:`StoreLockConflictError`; the rest as any store."""
-        if is_pool_timeout(exc):
-            return StorePoolExhaustedError(
-                f"{self.describe()}: no free connection in the psycopg_pool pool: "
-                f"{type(exc).__name__}: {exc} (not an outage: consumed later; size the pool "
-                "for the consumer's threads)"
-            )
-        if is_undefined_table(exc):
-            return StoreError(
-                f"{self.describe()}: the table does not exist: create it with create_table() "
-                "or the statements of `rocketmq-dedup schema postgres` "
-                f"({server_message(exc)})"
-            )
-        text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
-        if connections.is_lock_conflict(exc):
-            return StoreLockConflictError(text)
-        return (StoreUnavailableError if self.is_outage(exc) else StoreError)(text)
-
     def close(self) -> None:
         """Close the connections the store opened (busy ones when their operation ends); an
         application's psycopg_pool pool is left alone. The store stays usable."""
         self.connections.close()
+        self.transactions.close()
 
     # -- operator API --------------------------------------------------------------------
 
     def create_table(self) -> None:
-        """Create the dedup table if it does not exist, with its column comments (idempotent:
-        :func:`~rocketmq_dedup.stores.postgres.sql.schema_statements`)."""
+        """Create, if they do not exist (idempotent), every table the store uses, with their
+        column comments (:func:`~rocketmq_dedup.stores.postgres.sql.schema_statements`): the
+        dedup table, and the exactly-once mode's sequence table (``<table>_seq``; see
+        :mod:`rocketmq_dedup.transactional`), which stays empty unless that mode's
+        ``sequence_key`` is used. A start-up check that ran before the table existed proves
+        the writes here."""
         for statement in schema_statements(self.table_name):
             self._call(self._run, Runner.count, statement, ())
+        self.tables_created()
 
     def purge_expired(
         self,
@@ -283,28 +398,39 @@ class PostgresDedupStore(DedupStore):
         step."""
 
         def step(after: bytes, size: int) -> PurgeStep:
-            done: PurgeStep = self._call(self._run, self._purge_step, after, size, dry_run)
-            return done
+            batch: PurgeBatch = self._call(self._run, purge_step, self._table, after, size, dry_run)
+            return batch.deleted, batch.scanned, batch.last_key
 
         return purge_in_key_order(step, batch_size, progress)
 
-    def _purge_step(
-        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
-    ) -> PurgeStep:
-        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
-        rows = runner.rows(self._sql["purge_scan"], (after, batch_size))
-        expired = [bytes(key) for key, is_expired in rows if is_expired]
-        count = len(expired)
-        if expired and not dry_run:
-            count = runner.count(self._sql["purge"], (expired,))
-        return count, len(rows), bytes(rows[-1][0]) if rows else after
+    def purge_session(self) -> PostgresPurgeSession:
+        """A session of its own for the in-process purger (:class:`rocketmq_dedup.Purger`):
+        a new connection (from the factory, the engine, or the psycopg_pool pool's conninfo,
+        never one of a pool), that takes the table's purge lock (``pg_try_advisory_lock``) and
+        deletes expired rows in batches (:mod:`rocketmq_dedup.stores.purge`)."""
+        return PostgresPurgeSession(self._open_runner, self.table_name, self.wrap_error)
+
+    def _open_runner(self) -> Runner:
+        """A new connection of the store's source (never a pooled one), prepared, in a
+        runner."""
+        conn = self._connect()
+        try:
+            prepare_connection(conn)
+            return Runner(conn, self._hot)
+        except BaseException:
+            close_quietly(conn)
+            raise
 
     # -- I/O hooks -----------------------------------------------------------------------
 
     def do_check(self) -> None:
-        """Connect (or borrow a connection) and run ``SELECT 1``; the table may not exist
-        yet."""
-        self._run(Runner.rows, CHECK_SQL, ())
+        """Connect (or borrow a connection) and ask the server which user the session is (what
+        a refusal's GRANT names); the table may not exist yet."""
+        ((user,),) = self._run(Runner.rows, USER_SQL, ())
+        self._user = str(user)
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return is_undefined_table(exc)
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         return self._run(self._claim, claim, lease_ms)
@@ -323,8 +449,8 @@ class PostgresDedupStore(DedupStore):
         digests, unique = unique_by_key(claims)
         columns = claim_columns(claims, digests, unique)
         rows = {
-            bytes(key): (status, owner, left)
-            for key, status, owner, left in runner.rows(
+            bytes(key): (status, owner, left, claims)
+            for key, status, owner, left, claims in runner.rows(
                 self._sql["claim_many"], (lease_ms, *columns)
             )
         }
@@ -348,6 +474,19 @@ class PostgresDedupStore(DedupStore):
         digests, unique = unique_by_key(claims)
         columns = claim_columns(claims, digests, unique)
         self._run(Runner.count, self._sql["mark_many"], (retention_ms, *columns))
+
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        self._run(self._mark_failed, claim, retention_ms, reason)
+
+    def _mark_failed(self, runner: Runner, claim: Claim, retention_ms: int, reason: str) -> None:
+        row = claim_row(claim, element_digest(claim.element), retention_ms)
+        try:
+            runner.count(self._sql["mark_failed"], (*row, reason))
+        except Exception as exc:
+            if not is_undefined_column(exc):
+                raise
+            self._no_reason_column(exc)
+            runner.count(self._sql["mark_failed_no_reason"], row)
 
     def do_release(self, claim: Claim) -> bool:
         params = (element_digest(claim.element), claim.owner)
@@ -378,7 +517,24 @@ class PostgresDedupStore(DedupStore):
 
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         digests = [element_digest(e) for e in elements]
-        return records_of(elements, digests, self._run(self._select, digests))
+        return records_of(elements, digests, self._run(self._select_with_reasons, digests))
+
+    def _select_with_reasons(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """:meth:`_select`, and the reasons of the FAILED records among them (one more
+        statement, only when there are some; none on a table without the column)."""
+        records = self._select(runner, digests)
+        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        if failed:
+            try:
+                reasons = runner.rows(self._sql["reasons"], (failed,))
+            except Exception as exc:
+                if not is_undefined_column(exc):
+                    raise
+                self._no_reason_column(exc)
+                reasons = []
+            for key, reason in reasons:
+                records[bytes(key)] = records[bytes(key)]._replace(reason=reason)
+        return records
 
     # -- operator hooks ------------------------------------------------------------------
 
@@ -412,6 +568,19 @@ class PostgresDedupStore(DedupStore):
         checks += self._table_checks()
         return checks
 
+    def _old_table_risk(self) -> str:
+        return (
+            f"{self.table_name} has no {REASON_COLUMN} column (made by an earlier version): "
+            "FAILED records (PermanentFailure, parked poison messages) are written without "
+            f"their reason; add it: {ADD_REASON_SQL.format(table=quote_table(self.table_name))}"
+        )
+
+    def do_risks(self) -> List[str]:
+        """A table made before FAILED records (no reason column)."""
+        name = quote_table(self.table_name)
+        columns = {str(c) for c, _ in self._run(Runner.rows, COLUMNS_SQL, (name,))}
+        return [self._old_table_risk()] if columns and REASON_COLUMN not in columns else []
+
     def _table_checks(self) -> List[Diagnosis]:
         """The table: its columns and primary key, and the user's privileges on it."""
         name = quote_table(self.table_name)
@@ -430,24 +599,33 @@ class PostgresDedupStore(DedupStore):
             table = Diagnosis("table", False, f"missing column(s): {', '.join(missing)}")
         elif [c for c, pk in columns.items() if pk] != ["dedup_key"]:
             table = Diagnosis("table", False, "dedup_key is not the primary key")
+        elif REASON_COLUMN not in columns:
+            table = Diagnosis("table", True, self._old_table_risk(), warning=True)
         else:
             table = Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
-        ((allowed,),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        ((*allowed, user),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        missing = [p for p, ok in zip(PRIVILEGES, allowed, strict=True) if not ok]
+        grant = f"GRANT {', '.join(PRIVILEGES)} ON {self.table_name} TO {user}"
         privileges = Diagnosis(
             "privileges",
-            bool(allowed),
-            "SELECT, INSERT, UPDATE, DELETE on the table"
-            + ("" if allowed else ": missing (GRANT them to the store's user)"),
+            not missing,
+            f"{', '.join(PRIVILEGES)} on the table"
+            + (f": {user} lacks {', '.join(missing)} ({grant})" if missing else ""),
         )
         return [table, privileges]
 
 
-def decided(claim: Claim, status: str, owner: str, left_ms: int) -> ClaimResult:
+def decided(claim: Claim, status: str, owner: str, left_ms: int, claims: int) -> ClaimResult:
     """A claim's result from the row its upsert returned: taken if the row is this attempt's
-    CONSUMING claim (owner tokens are unique per attempt), else refused by that live row."""
+    CONSUMING claim (owner tokens are unique per attempt; ``claims`` since the record was last
+    settled, this one included), else refused by that live row."""
     if owner == claim.owner and status == CONSUMING:
-        return CLAIMED
+        return ClaimResult(True, None, claims - 1) if claims > 1 else CLAIMED
     return ClaimResult(False, live_record(status, owner, left_ms))
+
+
+#: The warning that a table has no reason column, at most once a minute per process.
+_old_table_log = RateLimitedLog(logger, interval=60.0)
 
 
 def server_message(exc: BaseException) -> str:

@@ -40,15 +40,20 @@ from rocketmq_dedup.stores.redis import acl, transport
 from rocketmq_dedup.stores.redis.coalesce import Request
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
+    CLAIM_COUNTED,
     CONSUMED,
     CONSUMING,
     DEFAULT_KEY_PREFIX,
+    FAIL,
     MARK,
+    MARK_COUNTED,
     RELEASE,
+    RELEASE_COUNTED,
     RENEW,
     SCRIPTS,
     RecordKeys,
     claim_result,
+    failed_value,
     key_pattern,
     parse_record,
     plan_calls,
@@ -107,36 +112,51 @@ class AsyncRedisDedupStore(AsyncDedupStore):
         )
         self._conn: Any = None  # the coalesced round trips' connection, out of the pool
         self._set_nx_get = True  # until the server says it has no SET NX GET
+        #: The kinds of claims, marks and releases: counted ones once count_lapses() was called.
+        self._claim, self._mark, self._release = CLAIM, MARK, RELEASE
 
     def record_key(self, element: DedupElement) -> bytes:
         """The Redis key of ``element`` (the sync store's)."""
         return self._keys(element)
 
+    def count_lapses(self) -> None:
+        """The sync store's :meth:`~.store.RedisDedupStore.count_lapses`: from now on claims,
+        marks and releases keep each record's lapsed-claim counter (:mod:`.records`)."""
+        self._claim, self._mark, self._release = CLAIM_COUNTED, MARK_COUNTED, RELEASE_COUNTED
+
     # -- I/O hooks -----------------------------------------------------------------------
 
     async def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
-        reply = await self._request(CLAIM, lease_ms, [self._keys(element)], [CONSUMING + owner])
+        key = self._keys(element)
+        reply = await self._request(self._claim, lease_ms, [key], [CONSUMING + owner])
         return claim_result(reply[0])
 
     async def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
-        reply = await self._request(CLAIM, lease_ms, *self._keys_and_values(claims, CONSUMING))
+        keys, values = self._keys_and_values(claims, CONSUMING)
+        reply = await self._request(self._claim, lease_ms, keys, values)
         return [claim_result(r) for r in reply]
 
     async def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         element, owner = claim
-        await self._request(MARK, retention_ms, [self._keys(element)], [CONSUMED + owner])
+        await self._request(self._mark, retention_ms, [self._keys(element)], [CONSUMED + owner])
 
     async def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
-        await self._request(MARK, retention_ms, *self._keys_and_values(claims, CONSUMED))
+        await self._request(self._mark, retention_ms, *self._keys_and_values(claims, CONSUMED))
+
+    async def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        element, owner = claim
+        value = failed_value(owner, reason)
+        await self._request(FAIL, retention_ms, [self._keys(element)], [value])
 
     async def do_release(self, claim: Claim) -> bool:
         element, owner = claim
-        reply = await self._request(RELEASE, 0, [self._keys(element)], [CONSUMING + owner])
+        key = self._keys(element)
+        reply = await self._request(self._release, 0, [key], [CONSUMING + owner])
         return int(reply[0]) == 1
 
     async def do_release_many(self, claims: Sequence[Claim]) -> int:
-        reply = await self._request(RELEASE, 0, *self._keys_and_values(claims, CONSUMING))
+        reply = await self._request(self._release, 0, *self._keys_and_values(claims, CONSUMING))
         return sum(int(r) for r in reply)
 
     async def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:

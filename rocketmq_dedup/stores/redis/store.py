@@ -68,17 +68,22 @@ from rocketmq_dedup.stores.redis import acl, transport
 from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request, Waker, default_waker
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
+    CLAIM_COUNTED,
     CONSUMED,
     CONSUMING,
     DEFAULT_KEY_PREFIX,
     DELETE_SCRIPT,
+    FAIL,
     MARK,
+    MARK_COUNTED,
     RELEASE,
+    RELEASE_COUNTED,
     RENEW,
     SCRIPTS,
     RecordKeys,
     app_key_pattern,
     claim_result,
+    failed_value,
     key_pattern,
     parse_key,
     parse_record,
@@ -154,6 +159,8 @@ class RedisDedupStore(DedupStore):
             Coalescer(self._execute, waker) if coalesce and not self._cluster else None
         )
         self._set_nx_get = True  # until the server says it has no SET NX GET
+        #: The kinds of claims, marks and releases: counted ones once count_lapses() was called.
+        self._claim, self._mark, self._release = CLAIM, MARK, RELEASE
         # The connection of the coalesced round trips, checked out of the client's pool. The
         # finalizer gives it back when the store is dropped without close(); it references the
         # pinned connection only, never the store.
@@ -173,31 +180,44 @@ class RedisDedupStore(DedupStore):
         """The Redis key of ``element``."""
         return self._keys(element)
 
+    def count_lapses(self) -> None:
+        """From now on, claims, marks and releases keep each record's lapsed-claim counter
+        (:mod:`.records`): a claim is a script (not ``SET NX PX GET``) that also writes the
+        counter, and a mark or release deletes it, in the same round trip."""
+        self._claim, self._mark, self._release = CLAIM_COUNTED, MARK_COUNTED, RELEASE_COUNTED
+
     # -- I/O hooks -----------------------------------------------------------------------
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
-        reply = self._request(CLAIM, lease_ms, [self.record_key(element)], [CONSUMING + owner])
+        key = self.record_key(element)
+        reply = self._request(self._claim, lease_ms, [key], [CONSUMING + owner])
         return claim_result(reply[0])
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
-        reply = self._request(CLAIM, lease_ms, *self._keys_and_values(claims, CONSUMING))
+        reply = self._request(self._claim, lease_ms, *self._keys_and_values(claims, CONSUMING))
         return [claim_result(r) for r in reply]
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         element, owner = claim
-        self._request(MARK, retention_ms, [self.record_key(element)], [CONSUMED + owner])
+        self._request(self._mark, retention_ms, [self.record_key(element)], [CONSUMED + owner])
 
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
-        self._request(MARK, retention_ms, *self._keys_and_values(claims, CONSUMED))
+        self._request(self._mark, retention_ms, *self._keys_and_values(claims, CONSUMED))
+
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        element, owner = claim
+        value = failed_value(owner, reason)
+        self._request(FAIL, retention_ms, [self.record_key(element)], [value])
 
     def do_release(self, claim: Claim) -> bool:
         element, owner = claim
-        reply = self._request(RELEASE, 0, [self.record_key(element)], [CONSUMING + owner])
+        key = self.record_key(element)
+        reply = self._request(self._release, 0, [key], [CONSUMING + owner])
         return int(reply[0]) == 1
 
     def do_release_many(self, claims: Sequence[Claim]) -> int:
-        reply = self._request(RELEASE, 0, *self._keys_and_values(claims, CONSUMING))
+        reply = self._request(self._release, 0, *self._keys_and_values(claims, CONSUMING))
         return sum(int(r) for r in reply)
 
     def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
