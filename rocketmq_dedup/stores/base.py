@@ -198,6 +198,14 @@ def refused_by(status: Optional[DedupStatus], owner: Optional[str]) -> ClaimResu
 
 
 CLAIMED = ClaimResult(True)
+
+
+def claimed_after(claims: int) -> ClaimResult:
+    """A claim taken, from the count of claims of its record since it was last settled (this
+    one included, as the SQL stores keep it): the ones before it lapsed."""
+    return ClaimResult(True, None, claims - 1) if claims > 1 else CLAIMED
+
+
 HELD_BY_OTHER = ClaimResult(False, Record(DedupStatus.CONSUMING))
 ALREADY_CONSUMED = ClaimResult(False, Record(DedupStatus.CONSUMED))
 

@@ -34,6 +34,7 @@ from rocketmq_dedup.stores.base import (
     Claim,
     ClaimResult,
     Record,
+    claimed_after,
     parse_status,
 )
 from rocketmq_dedup.stores.mysql.connection import column_text
@@ -75,7 +76,12 @@ from rocketmq_dedup.stores.mysql.store import (
     no_reason_column,
 )
 from rocketmq_dedup.stores.pool_aio import AsyncBoundedPool
-from rocketmq_dedup.stores.sql_common import pool_options, records_of
+from rocketmq_dedup.stores.sql_common import (
+    add_reasons,
+    failed_keys,
+    pool_options,
+    records_of,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -219,7 +225,7 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
         among them (one more statement, only when there are some), as the sync store reads."""
         rows = await self._select_rows(conn, digests)
         records = {key: record for key, (record, _) in rows.items()}
-        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        failed = failed_keys(records)
         if failed:
             sql = REASONS_SQL.format(table=self._table, marks=", ".join(["%s"] * len(failed)))
             try:
@@ -229,9 +235,7 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
                     raise
                 no_reason_column(self._description, self._table, exc)
                 reasons = []
-            for key, reason in reasons:
-                key = bytes(key)
-                records[key] = records[key]._replace(reason=column_text(reason))
+            add_reasons(records, reasons, column_text)
         return records
 
     async def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
@@ -264,9 +268,7 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
                 elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
                     # ours: taken over (or written) by the upsert; the claims before it that
                     # lapsed since the record was last settled
-                    results[i] = (
-                        ClaimResult(True, None, deliveries - 1) if deliveries > 1 else CLAIMED
-                    )
+                    results[i] = claimed_after(deliveries)
                 else:
                     results[i] = ClaimResult(False, record)
             pending = vanished

@@ -19,6 +19,7 @@ from rocketmq_dedup.stores.base import (
     Diagnosis,
     Record,
     StoreStats,
+    claimed_after,
     oldest_claims,
     parse_status,
 )
@@ -79,8 +80,10 @@ from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
     SqlTables,
+    add_reasons,
     deletable,
     detached_connections,
+    failed_keys,
     latency,
     pool_options,
     purge_in_key_order,
@@ -438,9 +441,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
                 elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
                     # ours: taken over (or written) by the upsert; the claims before it that
                     # lapsed since the record was last settled
-                    results[i] = (
-                        ClaimResult(True, None, deliveries - 1) if deliveries > 1 else CLAIMED
-                    )
+                    results[i] = claimed_after(deliveries)
                 else:
                     results[i] = ClaimResult(False, record)
             pending = vanished
@@ -523,7 +524,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
         """:meth:`_select`, and the reasons of the FAILED records among them (one more
         statement, only when there are some; none on a table without the column)."""
         records = self._select(runner, digests)
-        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        failed = failed_keys(records)
         if failed:
             sql = REASONS_SQL.format(table=self._table, marks=", ".join(["%s"] * len(failed)))
             try:
@@ -533,9 +534,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
                     raise
                 self._no_reason_column(exc)
                 reasons = []
-            for key, reason in reasons:
-                key = bytes(key)
-                records[key] = records[key]._replace(reason=column_text(reason))
+            add_reasons(records, reasons, column_text)
         return records
 
     # -- operator hooks ------------------------------------------------------------------

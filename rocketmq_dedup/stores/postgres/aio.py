@@ -16,7 +16,6 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set
 
 from rocketmq_dedup.errors import DedupConfigError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
-from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.aio import AsyncDedupStore, is_async_postgres_source
 from rocketmq_dedup.stores.base import Claim, ClaimResult, Record
 from rocketmq_dedup.stores.pool_aio import AsyncBoundedPool
@@ -60,7 +59,12 @@ from rocketmq_dedup.stores.postgres.store import (
     decided,
     describe_conninfo,
 )
-from rocketmq_dedup.stores.sql_common import pool_options, records_of
+from rocketmq_dedup.stores.sql_common import (
+    add_reasons,
+    failed_keys,
+    pool_options,
+    records_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +290,7 @@ class AsyncPostgresDedupStore(PostgresBoundary, AsyncDedupStore):
         among them (one more statement, only when there are some), as the sync store reads."""
         rows = await _rows(conn, self._sql["select"], (list(digests),))
         records = {bytes(k): live_record(status, owner, left) for k, status, owner, left in rows}
-        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        failed = failed_keys(records)
         if failed:
             try:
                 reasons = await _rows(conn, self._sql["reasons"], (failed,))
@@ -295,8 +299,7 @@ class AsyncPostgresDedupStore(PostgresBoundary, AsyncDedupStore):
                     raise
                 self._no_reason_column(exc)
                 reasons = []
-            for key, reason in reasons:
-                records[bytes(key)] = records[bytes(key)]._replace(reason=reason)
+            add_reasons(records, reasons)
         return records
 
 

@@ -18,7 +18,6 @@ from rocketmq_dedup.errors import (
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import (
-    CLAIMED,
     Claim,
     ClaimResult,
     DedupStore,
@@ -26,6 +25,7 @@ from rocketmq_dedup.stores.base import (
     Record,
     StoreBoundary,
     StoreStats,
+    claimed_after,
     oldest_claims,
 )
 from rocketmq_dedup.stores.postgres import connections
@@ -91,8 +91,10 @@ from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
     SqlTables,
+    add_reasons,
     deletable,
     detached_connections,
+    failed_keys,
     is_sqlalchemy_engine,
     latency,
     pool_options,
@@ -523,7 +525,7 @@ class PostgresDedupStore(PostgresBoundary, SqlTables, DedupStore):
         """:meth:`_select`, and the reasons of the FAILED records among them (one more
         statement, only when there are some; none on a table without the column)."""
         records = self._select(runner, digests)
-        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        failed = failed_keys(records)
         if failed:
             try:
                 reasons = runner.rows(self._sql["reasons"], (failed,))
@@ -532,8 +534,7 @@ class PostgresDedupStore(PostgresBoundary, SqlTables, DedupStore):
                     raise
                 self._no_reason_column(exc)
                 reasons = []
-            for key, reason in reasons:
-                records[bytes(key)] = records[bytes(key)]._replace(reason=reason)
+            add_reasons(records, reasons)
         return records
 
     # -- operator hooks ------------------------------------------------------------------
@@ -620,7 +621,7 @@ def decided(claim: Claim, status: str, owner: str, left_ms: int, claims: int) ->
     CONSUMING claim (owner tokens are unique per attempt; ``claims`` since the record was last
     settled, this one included), else refused by that live row."""
     if owner == claim.owner and status == CONSUMING:
-        return ClaimResult(True, None, claims - 1) if claims > 1 else CLAIMED
+        return claimed_after(claims)
     return ClaimResult(False, live_record(status, owner, left_ms))
 
 
