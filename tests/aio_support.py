@@ -38,6 +38,9 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
 
     def stop(self) -> None:
+        """Stop the loop and its thread, and the worker threads of its default executor
+        (``asyncio.to_thread``: an asyncio listener's blocking behaviours ran there)."""
+        self.run(self.loop.shutdown_default_executor(), timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
