@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Optional, Sequence
 
+from bench.aio import AIO_CASES
 from bench.cases import IN_PROCESS_CASES, BenchError, Case, Context
 from bench.e2e import E2E_CASES
 from bench.outbox import OUTBOX_CASES
@@ -25,7 +26,7 @@ from bench.report import (
 from bench.runner import log_stderr, run_cases
 from bench.settings import BenchSetupError, Servers
 
-ALL_CASES: tuple[type[Case], ...] = IN_PROCESS_CASES + E2E_CASES + OUTBOX_CASES
+ALL_CASES: tuple[type[Case], ...] = IN_PROCESS_CASES + AIO_CASES + E2E_CASES + OUTBOX_CASES
 QUICK_REPS, FULL_REPS = 5, 7
 ROUNDS = 8  # parts per case and repetition, measured in interleaved rounds (bench.runner)
 

@@ -4,7 +4,9 @@ A port of the Java RocketMQDedupListener: subclass :class:`DedupConcurrentListen
 ``do_handle_msg``, give it a :class:`DedupConfig` with a Redis, MySQL or PostgreSQL store, and
 subscribe it.
 For handlers that write to MySQL/MariaDB, :class:`TransactionalDedupListener` commits their
-writes and the dedup record in one transaction (exactly once).
+writes and the dedup record in one transaction (exactly once). Any other callable:
+:func:`deduplicated` over a function, ``with config.once(key) as run:`` for a block of work,
+:func:`exactly_once` for a function that writes through a given connection.
 """
 
 from rocketmq_dedup.config import DedupConfig
@@ -12,7 +14,13 @@ from rocketmq_dedup.errors import (
     ClientConflictError,
     DedupConfigError,
     DedupError,
+    DedupKeyError,
+    DedupUsageError,
+    DuplicateConsumedError,
+    DuplicateError,
+    DuplicateInProgressError,
     MissingExtraError,
+    PayloadMismatchError,
     PermanentFailure,
     StoreError,
     StoreLockConflictError,
@@ -23,6 +31,7 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.listener import BaseDedupListener, DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.once import Once, deduplicated, exactly_once
 from rocketmq_dedup.purger import Purger
 from rocketmq_dedup.status import (
     ConsumeStatus,
@@ -61,14 +70,21 @@ __all__ = [
     "DedupConfigError",
     "DedupElement",
     "DedupError",
+    "DedupKeyError",
     "DedupStatus",
     "DedupStore",
+    "DedupUsageError",
+    "DuplicateConsumedError",
+    "DuplicateError",
+    "DuplicateInProgressError",
     "ExactlyOnceClaim",
     "MemoryDedupStore",
     "MissingExtraError",
     "MySQLDedupStore",
+    "Once",
     "Outcome",
     "PayloadMismatch",
+    "PayloadMismatchError",
     "PermanentFailure",
     "PermanentFailurePolicy",
     "PostgresDedupStore",
@@ -84,4 +100,6 @@ __all__ = [
     "StoreUnavailableError",
     "TransactionMisuseError",
     "TransactionalDedupListener",
+    "deduplicated",
+    "exactly_once",
 ]

@@ -10,11 +10,13 @@ setting assigned while messages flow applies from the next batch, never half-way
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import logging
 import math
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -39,7 +41,11 @@ from rocketmq_dedup.status import (
     StoreFailurePolicy,
 )
 from rocketmq_dedup.stores import STORE_OPTIONS, check_usable, make_store
+from rocketmq_dedup.stores.aio import AsyncDedupStore, make_async_store
 from rocketmq_dedup.stores.base import DedupStore
+
+if TYPE_CHECKING:  # the module imports this one
+    from rocketmq_dedup.once import Once
 
 logger = logging.getLogger(__name__)
 
@@ -374,7 +380,7 @@ class DedupConfig:
     def __init__(
         self,
         application_name: str,
-        persist: Optional[DedupStore] = None,
+        persist: Union[DedupStore, AsyncDedupStore, None] = None,
         *,
         enabled: bool = True,
         **settings: Any,
@@ -386,10 +392,11 @@ class DedupConfig:
                 "dedup is enabled but no store was given; use "
                 "DedupConfig.disable_dedup_consume_config(name) to turn dedup off"
             )
-        if persist is not None and not isinstance(persist, DedupStore):
+        if persist is not None and not isinstance(persist, (DedupStore, AsyncDedupStore)):
             raise DedupConfigError(
-                f"persist must be a DedupStore; got {type(persist).__qualname__} (pass clients "
-                "to DedupConfig.enable_dedup_consume_config, which builds the store)"
+                "persist must be a DedupStore or an AsyncDedupStore; got "
+                f"{type(persist).__qualname__} (pass clients to "
+                "DedupConfig.enable_dedup_consume_config, which builds the store)"
             )
         unknown = set(settings) - set(_SETTINGS)
         if unknown:
@@ -399,9 +406,23 @@ class DedupConfig:
         self._snapshot: Optional[Snapshot] = None
         self._on_close: List[Callable[[], None]] = []
         self.application_name = application_name
-        #: Where the records live (None with dedup disabled); ``persist``, the Java name.
-        self.store: Optional[DedupStore] = persist if enabled else None
+        #: Where the records live (None with dedup disabled, or an asyncio store);
+        #: ``persist``, the Java name.
+        self.store: Optional[DedupStore] = None
+        #: The asyncio store (:mod:`rocketmq_dedup.aio`), when the records live in one.
+        self.async_store: Optional[AsyncDedupStore] = None
+        #: The application whose start-up check an asyncio store still owes (it runs when an
+        #: asyncio listener starts, or at the first call: :meth:`check_async_store`).
+        self.pending_check: Optional[str] = None
+        self._checking: Optional[asyncio.Future[None]] = None
+        if enabled and isinstance(persist, AsyncDedupStore):
+            self.async_store = persist
+        elif enabled and isinstance(persist, DedupStore):
+            self.store = persist
         self.enabled = bool(enabled)
+        #: The strategies of this config's deduplicated calls (:mod:`rocketmq_dedup.once`),
+        #: by kind, made on first use and closed with the config.
+        self.call_strategies: Dict[str, Any] = {}
         for name, setting in _SETTINGS.items():
             setattr(self, name, settings.get(name, setting.default))
 
@@ -445,11 +466,16 @@ class DedupConfig:
         if unknown:
             raise DedupConfigError(f"unknown option(s): {', '.join(sorted(unknown))}")
         _flag("check_store", check_store)
-        store = make_store(client, **{k: v for k, v in options.items() if k in STORE_OPTIONS})
+        store_options = {k: v for k, v in options.items() if k in STORE_OPTIONS}
+        store: Union[DedupStore, AsyncDedupStore, None] = make_async_store(client, **store_options)
+        if store is None:
+            store = make_store(client, **store_options)
         settings = {k: v for k, v in options.items() if k in _SETTINGS}
         config = cls(application_name, store, **settings)  # settings fail before any I/O
-        if check_store:
+        if check_store and isinstance(store, DedupStore):
             check_usable(store, application_name)
+        elif check_store:  # awaited where the loop is: when an asyncio listener starts
+            config.pending_check = application_name
         return config
 
     @classmethod
@@ -471,8 +497,10 @@ class DedupConfig:
                 meter=meter_for(used["metrics"], self.application_name),
                 **used,
             )
-            if snapshot.max_lapsed_claims and self.store is not None:
-                self.store.count_lapses()  # (a Redis store counts only once asked)
+            if snapshot.max_lapsed_claims:  # (a Redis store counts only once asked)
+                for store in (self.store, self.async_store):
+                    if store is not None:
+                        store.count_lapses()
         return snapshot
 
     @property
@@ -499,6 +527,41 @@ class DedupConfig:
         snap = self.snapshot()
         return redelivery_horizon_ms(snap.max_reconsume_times, snap.max_delivery_delay_ms)
 
+    # -- deduplicated calls ----------------------------------------------------------------
+
+    def once(self, key: Any, **options: Any) -> Once:
+        """A block of work done once per ``key``, with this config's store, leases and
+        metrics: ``with config.once(order_id) as run: if run: ...``
+        (:class:`rocketmq_dedup.once.Once`; ``options``: ``topic``, ``tag``, ``payload``,
+        ``in_progress_wait_milli_seconds``)."""
+        from rocketmq_dedup.once import Once
+
+        return Once(self, key, **options)
+
+    async def check_async_store(self) -> None:
+        """The start-up check an asyncio store owes (``check_store=True``), once: awaited when
+        an asyncio listener starts (``async with listener``) or by the first call that needs
+        the store (calls made meanwhile wait for it); raises :class:`DedupConfigError` as the
+        sync check does, and a later call checks again."""
+        if self.pending_check is None and self._checking is None:
+            return
+        if self._checking is None:
+            application, self.pending_check = self.pending_check, None
+            assert application is not None and self.async_store is not None
+            self._checking = asyncio.ensure_future(self.async_store.check_usable(application))
+            checking = self._checking
+            try:
+                await asyncio.shield(checking)
+            except BaseException:
+                if checking.done() and (checking.cancelled() or checking.exception()):
+                    self.pending_check = application  # checked again by the next start
+                raise
+            finally:
+                if checking.done():
+                    self._checking = None
+            return
+        await asyncio.shield(self._checking)
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def on_close(self, callback: Callable[[], None]) -> None:
@@ -508,17 +571,29 @@ class DedupConfig:
         self._on_close.append(callback)
 
     def close(self) -> None:
-        """Close what was started on this config (:meth:`on_close`) and the connections the
-        store opened itself (never the user's client). The store reconnects if it is used
-        again."""
+        """Close what was started on this config (:meth:`on_close`), the lease renewal of its
+        deduplicated calls, and the connections the store opened itself (never the user's
+        client). The store reconnects if it is used again."""
         callbacks, self._on_close = self._on_close, []
         for callback in callbacks:
             try:
                 callback()
             except Exception:
                 logger.exception("closing %r with its config failed", callback)
+        for strategy in list(self.call_strategies.values()):
+            if hasattr(strategy, "close"):  # the asyncio ones close in aclose()
+                strategy.close()
         if self.store is not None:
             self.store.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close` for a config of an asyncio store (its connections are the loop's)."""
+        for strategy in list(self.call_strategies.values()):
+            if hasattr(strategy, "aclose"):
+                await strategy.aclose()
+        self.close()
+        if self.async_store is not None:
+            await self.async_store.aclose()
 
     def __enter__(self) -> DedupConfig:
         return self
@@ -528,7 +603,8 @@ class DedupConfig:
 
     def __repr__(self) -> str:
         snap = self.snapshot()
-        store = self.store.describe() if self.store is not None else None
+        where = self.store if self.store is not None else self.async_store
+        store = where.describe() if where is not None else None
         return (
             f"DedupConfig(application_name={self.application_name!r}, enabled={self.enabled}, "
             f"persist={store!r}, lease_ms={snap.lease_ms}, retention_ms={snap.retention_ms}, "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DedupError(Exception):
     """Base class of every error raised by rocketmq-dedup."""
@@ -97,6 +99,49 @@ class OutboxMessageError(DedupError, ValueError):
     """:meth:`Outbox.send <rocketmq_dedup.outbox.Outbox.send>` refused a message before writing
     it: a topic, tag, key, property or sharding key the brokers would refuse, an empty or too
     large body, a connection that is not in a transaction. Nothing was written."""
+
+
+class DuplicateError(DedupError):
+    """A deduplicated call (:func:`~rocketmq_dedup.deduplicated`,
+    :meth:`DedupConfig.once <rocketmq_dedup.DedupConfig.once>`,
+    :func:`~rocketmq_dedup.exactly_once`) did not run: its key has a live record of another
+    attempt. A caller never mistakes it for a run. ``element`` is the call's
+    :class:`~rocketmq_dedup.DedupElement` and ``record`` the record in the way (when the store
+    reported it)."""
+
+    def __init__(self, message: str, element: Any = None, record: Any = None) -> None:
+        super().__init__(message)
+        self.element = element
+        self.record = record
+
+
+class DuplicateConsumedError(DuplicateError):
+    """The call's key is CONSUMED: an earlier call with it ran and succeeded (the listener's
+    ``duplicate_consumed``: acked without the handler). Nothing ran now."""
+
+
+class DuplicateInProgressError(DuplicateError):
+    """The call's key is CONSUMING: another call with it is running right now, here or in
+    another process, and did not end within the wait (``in_progress_wait_milli_seconds``;
+    the listener's ``duplicate_in_progress``: RECONSUME_LATER). Nothing ran now; try again
+    later."""
+
+
+class PayloadMismatchError(DuplicateError):
+    """The call's key has a record of a call with another payload (its ``payload`` differs:
+    a key reused for other data), and the config says ``payload_mismatch="reject"``. Nothing
+    ran now. (With ``"warn"`` it is the duplicate it claims to be.)"""
+
+
+class DedupKeyError(DedupError, TypeError):
+    """A call's dedup key is refused (the listener's rules: a value whose text is its memory
+    address, a set, a dict, an awaitable): nothing was claimed and nothing ran."""
+
+
+class DedupUsageError(DedupError, TypeError):
+    """A deduplicated block was used in a way that defeats it: the body of ``with
+    config.once(key) as run:`` ran for a duplicate without testing ``run`` (its work was done
+    again). Test ``if run:`` (or ``run.fresh``) before the work."""
 
 
 class BrokerError(DedupError):

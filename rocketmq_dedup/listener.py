@@ -98,7 +98,9 @@ class BaseDedupListener(abc.ABC):
                     f"DLQ. Define {name} with def; to call async code from it, run the "
                     "coroutine to completion there (asyncio.run(...), or "
                     "asyncio.run_coroutine_threadsafe(coro, loop).result() on a loop your "
-                    "application runs). asyncio listeners are not supported yet."
+                    "application runs), or subclass AsyncDedupConcurrentListener "
+                    "(rocketmq_dedup.aio), whose async def do_handle_msg runs on your event loop "
+                    "fed by rocketmq_dedup.aio.consumers."
                 )
 
     def _overrides(self, name: str) -> bool:

@@ -15,12 +15,19 @@ import redis
 
 from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, PostgresDedupStore, RedisDedupStore
 from rocketmq_dedup.stores import make_store as make_store_for
+from rocketmq_dedup.stores.aio import AsyncDedupStore, AsyncMemoryDedupStore
+from rocketmq_dedup.stores.aio import make_async_store as make_async_store_for
 from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.stores.foreign import ForeignStore
+from tests import aio_support
+from tests.aio_support import LoopThread
 from tests.native import NativeBuildError, build_library
 from tests.support import (
+    MYSQL,
     PG_DSN,
     REDIS_CLUSTER_URL,
+    REDIS_SENTINEL,
+    REDIS_SENTINEL_MASTER,
     REDIS_URL,
     DuckStore,
     mysql_connect,
@@ -157,6 +164,102 @@ def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         return build_library(tmp_path_factory.mktemp("native"))
     except NativeBuildError as exc:
         pytest.fail(f"cannot build the native callback library: {exc}")
+
+
+#: The asyncio stores (tests/aio_support.py): each runs on the session's test event loop.
+AIO_STORE_KINDS = [
+    "aio_memory",
+    "aio_redis",
+    "aio_redis_cluster",
+    "aio_redis_sentinel",
+    "aio_postgres",
+    "aio_postgres_pool",
+    "aio_mysql",
+]
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Iterator[LoopThread]:
+    """An event loop in a thread of its own, for the asyncio path's tests."""
+    thread = LoopThread()
+    aio_support.CURRENT.append(thread)
+    yield thread
+    aio_support.CURRENT.remove(thread)
+    thread.stop()
+
+
+def make_async_store(kind: str, request: pytest.FixtureRequest) -> AsyncDedupStore:
+    """An asyncio store of ``kind`` (:data:`AIO_STORE_KINDS`) on the test loop, its client
+    closed at the end of the test."""
+    loop = request.getfixturevalue("loop_thread")
+    if kind == "aio_memory":
+        return AsyncMemoryDedupStore()
+    if kind.startswith("aio_postgres"):
+        return make_async_pg_store(kind, request, loop)
+    if kind.startswith("aio_mysql"):
+        import functools
+
+        import asyncmy
+
+        params = {k: v for k, v in MYSQL.items() if k != "database"}
+        connect = functools.partial(asyncmy.connect, db=MYSQL["database"], **params)
+        table = request.getfixturevalue("mysql_table")
+        mysql_store = make_async_store_for(connect, table_name=table)
+        assert mysql_store is not None
+        request.addfinalizer(lambda: loop.run(mysql_store.aclose()))
+        return mysql_store
+    import redis.asyncio
+
+    client: Any
+    if kind == "aio_redis":
+        client = redis.asyncio.Redis.from_url(REDIS_URL)
+    elif kind == "aio_redis_cluster":
+        client = redis.asyncio.RedisCluster.from_url(REDIS_CLUSTER_URL)
+    elif kind == "aio_redis_sentinel":
+        from redis.asyncio.sentinel import Sentinel
+
+        host, port = REDIS_SENTINEL.rsplit(":", 1)
+        client = Sentinel([(host, int(port))]).master_for(REDIS_SENTINEL_MASTER)
+    else:
+        raise ValueError(kind)
+    store = make_async_store_for(client)
+    assert store is not None
+
+    def close() -> None:
+        loop.run(store.aclose())
+        loop.run(client.aclose())
+
+    request.addfinalizer(close)
+    return store
+
+
+def make_async_pg_store(kind: str, request: pytest.FixtureRequest, loop: Any) -> AsyncDedupStore:
+    """The asyncio PostgreSQL store on the session's table: a factory of
+    psycopg.AsyncConnection, or an application's psycopg_pool.AsyncConnectionPool."""
+    import functools
+
+    import psycopg
+
+    table = request.getfixturevalue("pg_table")
+    if kind == "aio_postgres":
+        store = make_async_store_for(
+            functools.partial(psycopg.AsyncConnection.connect, PG_DSN), table_name=table
+        )
+        assert store is not None
+        request.addfinalizer(lambda: loop.run(store.aclose()))
+        return store
+    import psycopg_pool
+
+    async def open_pool() -> Any:
+        pool = psycopg_pool.AsyncConnectionPool(PG_DSN, min_size=1, max_size=8, open=False)
+        await pool.open()
+        return pool
+
+    pool = loop.run(open_pool())
+    request.addfinalizer(lambda: loop.run(pool.close()))
+    store = make_async_store_for(pool, table_name=table)
+    assert store is not None
+    return store
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from rocketmq_dedup.stores.base import Claim
 REPO = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("DEDUP_REDIS_URL", "redis://127.0.0.1:16379/0")
 REDIS_CLUSTER_URL = os.environ.get("DEDUP_REDIS_CLUSTER_URL", "redis://127.0.0.1:17000/0")
+REDIS_SENTINEL = os.environ.get("DEDUP_REDIS_SENTINEL", "127.0.0.1:26379")
+REDIS_SENTINEL_MASTER = os.environ.get("DEDUP_REDIS_SENTINEL_MASTER", "mymaster")
 MYSQL = {
     "host": os.environ.get("DEDUP_MYSQL_HOST", "127.0.0.1"),
     "port": int(os.environ.get("DEDUP_MYSQL_PORT", "13306")),

@@ -173,23 +173,79 @@ def refused_by(status: Optional[DedupStatus], owner: Optional[str]) -> ClaimResu
 
 
 CLAIMED = ClaimResult(True)
+
+
+def claimed_after(claims: int) -> ClaimResult:
+    """A claim taken, from the count of claims of its record since it was last settled (this
+    one included, as the SQL stores keep it): the ones before it lapsed."""
+    return ClaimResult(True, None, claims - 1) if claims > 1 else CLAIMED
+
+
 HELD_BY_OTHER = ClaimResult(False, Record(DedupStatus.CONSUMING))
 ALREADY_CONSUMED = ClaimResult(False, Record(DedupStatus.CONSUMED))
 
 
-class DedupStore(abc.ABC):
-    """Base class of the record stores (Redis, MySQL, memory)."""
+class StoreBoundary:
+    """What every store, sync or asyncio, shares at its boundary (no I/O): what it is
+    (:meth:`describe`), which of its driver's errors are outages or refusals a person must fix,
+    each error wrapped once (:meth:`wrap_error`), and the check that it answered one result per
+    item asked (:meth:`_one_each`)."""
 
     #: Exceptions of the underlying driver that mean "the store is unavailable" (an outage).
     outage_errors: Tuple[Type[BaseException], ...] = ()
 
-    #: Whether :meth:`renew_many` works (lease renewal is skipped otherwise).
+    #: Whether renewing leases works (lease renewal is skipped otherwise).
     supports_renewal = True
 
-    #: Whether :meth:`prove_writes` probes the store (the server stores do; a store in memory
-    #: cannot be misconfigured, and a user's store's claims may do what the library cannot
-    #: know).
+    #: Whether the start-up check probes the store's writes (the server stores do; a store in
+    #: memory cannot be misconfigured, and a user's store's claims may do what the library
+    #: cannot know).
     proves_writes = False
+
+    def describe(self) -> str:
+        """Where the records live, for messages (an address; never a password)."""
+        return type(self).__name__
+
+    def is_outage(self, exc: BaseException) -> bool:
+        """True if ``exc`` means the store is unavailable (an outage), not a defect; never
+        for a :meth:`misconfiguration`."""
+        return isinstance(exc, self.outage_errors)
+
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """What a person must fix when ``exc`` is the server refusing for a reason that will
+        not pass by itself (a missing privilege or ACL rule, a read-only server, refused
+        credentials); None for anything else. The default knows none."""
+        return None
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """The error a hook's ``exc`` becomes: :class:`StoreMisconfiguredError` for a refusal
+        a person must fix (:meth:`misconfiguration`), :class:`StoreUnavailableError` for an
+        outage (:meth:`is_outage`), else :class:`StoreError`; a store may tell more kinds apart
+        (the Redis store: an exhausted client pool)."""
+        message = f"{self.describe()}: {type(exc).__name__}: {exc}"
+        fix = self.misconfiguration(exc)
+        if fix is not None:
+            return StoreMisconfiguredError(message, fix)
+        kind = StoreUnavailableError if self.is_outage(exc) else StoreError
+        return kind(message)
+
+    def _one_each(self, results: List[T], asked: Sequence[Any], op: str) -> List[T]:
+        """``results`` if it has one entry per item ``asked``; else a store defect (never a
+        message left unclaimed and run without dedup)."""
+        try:
+            count = len(results)
+        except TypeError:
+            count = -1
+        if count != len(asked):
+            raise StoreError(
+                f"{self.describe()}: {op} answered {count if count >= 0 else 'no list of'} "
+                f"result(s) for {len(asked)} (a store defect)"
+            )
+        return results
+
+
+class DedupStore(StoreBoundary, abc.ABC):
+    """Base class of the record stores (Redis, MySQL, PostgreSQL, memory)."""
 
     # -- public API: wraps driver errors, checks the number of results --------------------
 
@@ -222,7 +278,7 @@ class DedupStore(abc.ABC):
         is never downgraded). Settles the record: its lapsed claims count from 0 again."""
         self._call(self.do_mark_failed, claim, retention_ms, bounded_reason(reason))
 
-    def count_lapses(self) -> None:  # noqa: B027 - optional hook
+    def count_lapses(self) -> None:
         """Count lapsed claims from now on (:attr:`ClaimResult.lapsed`; the config calls it
         when ``max_lapsed_claims`` is set). The SQL and memory stores always count (the record
         of a lapsed claim stays until it is purged or swept); the Redis store's record vanishes
@@ -299,23 +355,8 @@ class DedupStore(abc.ABC):
             logger.info("%s: could not read the server's settings (%s)", self.describe(), exc)
             return []
 
-    def describe(self) -> str:
-        """Where the records live, for messages (an address; never a password)."""
-        return type(self).__name__
-
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release client resources the store created itself (never the user's client)."""
-
-    def is_outage(self, exc: BaseException) -> bool:
-        """True if ``exc`` means the store is unavailable (an outage), not a defect; never
-        for a :meth:`misconfiguration`."""
-        return isinstance(exc, self.outage_errors)
-
-    def misconfiguration(self, exc: BaseException) -> Optional[str]:
-        """What a person must fix when ``exc`` is the server refusing for a reason that will
-        not pass by itself (a missing privilege or ACL rule, a read-only server, refused
-        credentials); None for anything else. The default knows none."""
-        return None
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, its errors wrapped once (:meth:`wrap_error`)."""
@@ -325,32 +366,6 @@ class DedupStore(abc.ABC):
             raise
         except Exception as exc:
             raise self.wrap_error(exc) from exc
-
-    def wrap_error(self, exc: Exception) -> StoreError:
-        """The error a hook's ``exc`` becomes: :class:`StoreMisconfiguredError` for a refusal
-        a person must fix (:meth:`misconfiguration`), :class:`StoreUnavailableError` for an
-        outage (:meth:`is_outage`), else :class:`StoreError`; a store may tell more kinds apart
-        (the Redis store: an exhausted client pool)."""
-        message = f"{self.describe()}: {type(exc).__name__}: {exc}"
-        fix = self.misconfiguration(exc)
-        if fix is not None:
-            return StoreMisconfiguredError(message, fix)
-        kind = StoreUnavailableError if self.is_outage(exc) else StoreError
-        return kind(message)
-
-    def _one_each(self, results: List[T], asked: Sequence[Any], op: str) -> List[T]:
-        """``results`` if it has one entry per item ``asked``; else a store defect (never a
-        message left unclaimed and run without dedup)."""
-        try:
-            count = len(results)
-        except TypeError:
-            count = -1
-        if count != len(asked):
-            raise StoreError(
-                f"{self.describe()}: {op} answered {count if count >= 0 else 'no list of'} "
-                f"result(s) for {len(asked)} (a store defect)"
-            )
-        return results
 
     # -- I/O hooks -----------------------------------------------------------------------
     # The single-element hooks default to the batch ones; stores override them when one
@@ -386,7 +401,7 @@ class DedupStore(abc.ABC):
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         return [self.do_read(element) for element in elements]
 
-    def do_check(self) -> None:  # noqa: B027 - optional hook
+    def do_check(self) -> None:
         """Prove the store is reachable; the default has nothing to check."""
 
     def do_prove_writes(self, claims: List[Claim]) -> None:

@@ -67,6 +67,21 @@ def records_of(
     ]
 
 
+def failed_keys(records: Dict[bytes, Record]) -> List[bytes]:
+    """The keys of the FAILED records among ``records`` (whose reasons are read next)."""
+    return [key for key, record in records.items() if record.status is DedupStatus.FAILED]
+
+
+def add_reasons(
+    records: Dict[bytes, Record], rows: Sequence[Any], text: Callable[[Any], Any] = str
+) -> Dict[bytes, Record]:
+    """``records`` with the reasons of (key, reason) ``rows`` (a reason read as ``text``)."""
+    for key, reason in rows:
+        key = bytes(key)
+        records[key] = records[key]._replace(reason=None if reason is None else text(reason))
+    return records
+
+
 def deletable(record: Optional[Record], force: bool) -> Optional[DedupStatus]:
     """The status an operator's ``delete`` removes from ``record``: a CONSUMING claim, or with
     ``force`` whatever it is; None when it leaves it (no record, unreadable, or CONSUMED

@@ -16,10 +16,11 @@ A strategy may take one message through the same steps without the batch's lists
 strategy's ``consume_one``). What is timed and reported is chosen once per settings change, by
 the snapshot's :class:`~rocketmq_dedup.metrics.meter.Meter`, not branched on per message.
 
-The decisions shared by both dedup strategies live here too: what a refusing record means
-(:data:`DUPLICATE_ANSWERS`, :meth:`DedupTemplate._duplicate_status` with the payload check),
-what a store outage does (:meth:`DedupTemplate._store_failed`), what a message that can never
-succeed gets (:meth:`DedupTemplate._permanent_failure`, :meth:`DedupTemplate._park`: the
+The decisions shared by every dedup strategy, sync or asyncio, live here too
+(:class:`DedupDecisions`, no I/O): what a refusing record means (:data:`DUPLICATE_ANSWERS`,
+:meth:`DedupDecisions._duplicate_status` with the payload check), what a store outage does
+(:meth:`DedupDecisions._store_failed`), what a message that can never succeed gets
+(:meth:`DedupDecisions._permanent_failure`, :meth:`DedupDecisions._park`: the
 ``permanent_failure`` setting, :data:`FAILED_ANSWERS`), hooks that raise, local retries.
 """
 
@@ -145,17 +146,23 @@ class PassThroughStrategy(Strategy):
             result = retry_locally(
                 lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, result
             )
-        if not isinstance(result, PermanentFailure):
-            return result
-        policy = snap.permanent_failure if snap is not None else PermanentFailurePolicy.DLQ
-        logger.warning(
-            "do_handle_msg declared a permanent failure (%s); dedup is off, so nothing is "
-            "recorded: answered %s (permanent_failure=%r)",
-            failure_reason(result),
-            FAILED_ANSWERS[policy].name,
-            policy.value,
-        )
-        return FAILED_ANSWERS[policy]
+        return pass_through_answer(result, snap)
+
+
+def pass_through_answer(result: HandlerResult, snap: Optional[Snapshot]) -> ConsumeStatus:
+    """The answer of a handler's run with dedup off: its own, or for a permanent failure (not
+    recorded: there is no store) what ``permanent_failure`` says, logged."""
+    if not isinstance(result, PermanentFailure):
+        return result
+    policy = snap.permanent_failure if snap is not None else PermanentFailurePolicy.DLQ
+    logger.warning(
+        "do_handle_msg declared a permanent failure (%s); dedup is off, so nothing is "
+        "recorded: answered %s (permanent_failure=%r)",
+        failure_reason(result),
+        FAILED_ANSWERS[policy].name,
+        policy.value,
+    )
+    return FAILED_ANSWERS[policy]
 
 
 def retry_locally(
@@ -233,57 +240,15 @@ FAILED_ANSWERS: Dict[PermanentFailurePolicy, ConsumeStatus] = {
 }
 
 
-class DedupTemplate(Strategy):
-    """The consume template of the dedup strategies (module docstring): subclasses supply the
-    claim, run and finish steps."""
+class DedupDecisions:
+    """The decisions every dedup strategy shares, sync or asyncio (they do no I/O): the key
+    step, what a refusing record means, what a store failure does, hooks that raise. A
+    strategy holds its ``config`` and ``hooks``; the store and the I/O are its own."""
 
     def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
-        super().__init__(hooks)
-        if config.store is None:
-            raise ValueError(f"{type(self).__name__} needs a config with a store")
         self.config = config
-        self.store: DedupStore = config.store
+        self.hooks = hooks
         self._log = RateLimitedLog(logger)
-
-    def consume(self, msgs: Sequence[Any], stop_at_failure: bool = False) -> List[ConsumeStatus]:
-        snap = self.config.snapshot()
-        started = snap.meter.arrival()
-        deliveries = [Delivery(i, msg, started) for i, msg in enumerate(msgs)]
-        keyed = [d for d in deliveries if self._key(d, snap)]
-        held = self._claim(keyed, snap) if keyed else []
-        statuses: List[ConsumeStatus] = []
-        try:
-            for delivery in deliveries:
-                status = delivery.status
-                if status is None:
-                    status = self._run(delivery, snap)
-                statuses.append(status)
-                if stop_at_failure and status is not SUCCESS:
-                    break
-        finally:  # whatever happened, nothing stays held by this call
-            if held:
-                self._finish(held, statuses, snap)
-            # those after a batch's first failure are counted when they come back
-            snap.meter.report(deliveries[: len(statuses)])
-        if len(statuses) < len(deliveries):  # stopped at a failure
-            statuses += [LATER] * (len(deliveries) - len(statuses))
-        return statuses
-
-    # -- the steps the strategies supply -------------------------------------------------
-
-    def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
-        """Decide what can be decided before any handler runs (``delivery.status``); return
-        the deliveries this call now holds (settled by :meth:`_finish`)."""
-        raise NotImplementedError
-
-    def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
-        """Handle one delivery not decided by the claim step."""
-        raise NotImplementedError
-
-    def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
-        """Settle the held deliveries; ``statuses`` holds the answers of the deliveries
-        reached (a stopped batch reached fewer). Never raises a StoreError."""
-        raise NotImplementedError
 
     # -- the key step ----------------------------------------------------------------------
 
@@ -398,6 +363,42 @@ class DedupTemplate(Strategy):
         for delivery in deliveries:
             delivery.status, delivery.outcome = LATER, outcome
 
+    def _failed_unrecorded(self, delivery: Delivery, exc: StoreError) -> None:
+        """A held delivery that can never succeed could not be recorded FAILED: logged, its
+        answer stays (the claim lapses after its lease, and a redelivery after that decides
+        again: a poison message's lapsed claim counts)."""
+        self._log.log(
+            logging.ERROR,
+            "%r can never succeed (%s) but could not be recorded FAILED (%s); its claim "
+            "lapses after its lease",
+            delivery.element,
+            delivery.failure,
+            exc,
+        )
+
+    def _mark_failed(self, count: int, exc: StoreError) -> None:
+        """Marking CONSUMED failed after the handler succeeded: acked anyway (the claim lapses
+        after the lease, and a redelivery after that may run the handler again)."""
+        self._log.log(
+            logging.ERROR,
+            "handled %d message(s) but could not mark them CONSUMED (%s); acking anyway",
+            count,
+            exc,
+        )
+
+    def _release_failed(self, count: int, exc: StoreError) -> None:
+        """The retry finds the claims CONSUMING until their lease lapses, then runs."""
+        self._log.log(logging.ERROR, "could not release %d claim(s) (%s)", count, exc)
+
+    @staticmethod
+    def _released(count: int, released: int) -> None:
+        if released < count:
+            logger.info(
+                "%d of %d claim(s) had already expired and were taken over; left untouched",
+                count - released,
+                count,
+            )
+
     #: Why an outage is answered RECONSUME_LATER, for the log line.
     _OUTAGE_LATER_REASON = "store_failure_policy='reconsume_later'"
 
@@ -502,6 +503,64 @@ class DedupTemplate(Strategy):
             snap.permanent_failure.value,
         )
         return True
+
+
+class DedupTemplate(DedupDecisions, Strategy):
+    """The consume template of the dedup strategies (module docstring): subclasses supply the
+    claim, run and finish steps."""
+
+    def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
+        DedupDecisions.__init__(self, config, hooks)
+        if config.store is None:
+            raise ValueError(f"{type(self).__name__} needs a config with a store")
+        self.store: DedupStore = config.store
+
+    def consume(self, msgs: Sequence[Any], stop_at_failure: bool = False) -> List[ConsumeStatus]:
+        snap = self.config.snapshot()
+        started = snap.meter.arrival()
+        deliveries = [Delivery(i, msg, started) for i, msg in enumerate(msgs)]
+        return self._consume_deliveries(deliveries, snap, stop_at_failure)
+
+    def _consume_deliveries(
+        self, deliveries: List[Delivery], snap: Snapshot, stop_at_failure: bool = False
+    ) -> List[ConsumeStatus]:
+        """The template's steps over ``deliveries`` (made by :meth:`consume`, or by a caller
+        that reads each one's decision afterwards: a deduplicated call)."""
+        keyed = [d for d in deliveries if self._key(d, snap)]
+        held = self._claim(keyed, snap) if keyed else []
+        statuses: List[ConsumeStatus] = []
+        try:
+            for delivery in deliveries:
+                status = delivery.status
+                if status is None:
+                    status = self._run(delivery, snap)
+                statuses.append(status)
+                if stop_at_failure and status is not SUCCESS:
+                    break
+        finally:  # whatever happened, nothing stays held by this call
+            if held:
+                self._finish(held, statuses, snap)
+            # those after a batch's first failure are counted when they come back
+            snap.meter.report(deliveries[: len(statuses)])
+        if len(statuses) < len(deliveries):  # stopped at a failure
+            statuses += [LATER] * (len(deliveries) - len(statuses))
+        return statuses
+
+    # -- the steps the strategies supply -------------------------------------------------
+
+    def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
+        """Decide what can be decided before any handler runs (``delivery.status``); return
+        the deliveries this call now holds (settled by :meth:`_finish`)."""
+        raise NotImplementedError
+
+    def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
+        """Handle one delivery not decided by the claim step."""
+        raise NotImplementedError
+
+    def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
+        """Settle the held deliveries; ``statuses`` holds the answers of the deliveries
+        reached (a stopped batch reached fewer). Never raises a StoreError."""
+        raise NotImplementedError
 
     # -- metrics -------------------------------------------------------------------------
 

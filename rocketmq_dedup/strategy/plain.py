@@ -270,37 +270,7 @@ class ClaimStrategy(DedupTemplate):
                 delivery.failure,
             )
         except StoreError as exc:
-            self._log.log(
-                logging.ERROR,
-                "%r can never succeed (%s) but could not be recorded FAILED (%s); its claim "
-                "lapses after its lease",
-                delivery.element,
-                delivery.failure,
-                exc,
-            )
-
-    def _mark_failed(self, count: int, exc: StoreError) -> None:
-        """Marking CONSUMED failed after the handler succeeded: acked anyway (the claim lapses
-        after the lease, and a redelivery after that may run the handler again)."""
-        self._log.log(
-            logging.ERROR,
-            "handled %d message(s) but could not mark them CONSUMED (%s); acking anyway",
-            count,
-            exc,
-        )
-
-    def _release_failed(self, count: int, exc: StoreError) -> None:
-        """The retry finds the claims CONSUMING until their lease lapses, then runs."""
-        self._log.log(logging.ERROR, "could not release %d claim(s) (%s)", count, exc)
-
-    @staticmethod
-    def _released(count: int, released: int) -> None:
-        if released < count:
-            logger.info(
-                "%d of %d claim(s) had already expired and were taken over; left untouched",
-                count - released,
-                count,
-            )
+            self._failed_unrecorded(delivery, exc)
 
     # -- lease keeper --------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """The README's quick starts (samples/quickstart_*.py), run as a user runs them: each file as a
 process against the real broker, Redis, MariaDB and PostgreSQL, configured only through the
 environment variables its docstring documents. Each environment runs the samples of its client
-(classic: Redis, MySQL, PostgreSQL, and exactly-once on MySQL and on PostgreSQL; 5.x: Push and
-Simple), chosen at collection like conftest's client modules."""
+(classic: Redis, MySQL, PostgreSQL, exactly-once on MySQL and on PostgreSQL, and asyncio; 5.x:
+Push, Simple and asyncio Simple), chosen at collection like conftest's client modules."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ SAMPLES_BY_CLIENT = {
         "quickstart_postgres",
         "quickstart_exactly_once",
         "quickstart_exactly_once_postgres",
+        "quickstart_asyncio",
     ],
-    "grpc": ["quickstart_grpc_push", "quickstart_grpc_simple"],
+    "grpc": ["quickstart_grpc_push", "quickstart_grpc_simple", "quickstart_asyncio_simple"],
 }
 # with no client installed every sample is collected, and the session's `client` fixture fails
 SAMPLES = SAMPLES_BY_CLIENT.get(

@@ -50,9 +50,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
         kind = str(params.get("store", params.get("shared_store_kind", "")))
-        if names & _REDIS_FIXTURES or kind.startswith("redis"):
+        if names & _REDIS_FIXTURES or kind.startswith(("redis", "aio_redis")):
             item.add_marker(pytest.mark.redis)
-        if names & _MYSQL_FIXTURES or kind.startswith("mysql"):
+        if names & _MYSQL_FIXTURES or kind.startswith(("mysql", "aio_mysql")):
             item.add_marker(pytest.mark.mysql)
-        if names & _PG_FIXTURES or kind.startswith("postgres"):
+        if names & _PG_FIXTURES or kind.startswith(("postgres", "aio_postgres")):
             item.add_marker(pytest.mark.postgres)

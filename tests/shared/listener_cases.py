@@ -18,6 +18,7 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.stores.base import Claim, DedupStore
 from rocketmq_dedup.testing import ClassicMessage, GrpcMessage
+from tests.aio_support import AsyncRecordingListener, BridgedListener, async_store_of
 from tests.support import wait_for
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
@@ -25,7 +26,13 @@ LATER = ConsumeStatus.RECONSUME_LATER
 
 
 class RecordingListener(DedupConcurrentListener):
-    """Counts handler runs per key; ``behaviour`` decides each run's result."""
+    """Counts handler runs per key; ``behaviour`` decides each run's result. On a config of an
+    asyncio store, the asyncio listener behind the classic push bridge (tests.aio_support)."""
+
+    def __new__(cls, config: Optional[DedupConfig] = None, *args: Any, **kwargs: Any) -> Any:
+        if config is not None and config.async_store is not None:
+            return BridgedListener(AsyncRecordingListener(config, *args, **kwargs))
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -49,7 +56,10 @@ class RecordingListener(DedupConcurrentListener):
 
 
 def config_for(store: DedupStore, app: str, **options: Any) -> DedupConfig:
-    return DedupConfig.enable_dedup_consume_config(app, store, **options)
+    client = async_store_of(store)  # the asyncio store behind a bound one
+    if client is None:  # (not `or`: an empty asyncio memory store is falsy, it has a length)
+        client = store
+    return DedupConfig.enable_dedup_consume_config(app, client, **options)
 
 
 @pytest.fixture(params=[ClassicMessage, GrpcMessage], ids=["classic", "grpc"])
@@ -306,8 +316,7 @@ def test_batch_stops_at_first_failure(store: DedupStore, app_name: str) -> None:
 def test_batch_stops_at_a_message_being_consumed(store: DedupStore, app_name: str) -> None:
     """A batch member whose key is CONSUMING elsewhere stops the batch there."""
     config = config_for(store, app_name)
-    assert config.persist is not None
-    config.persist.claim(Claim(_element(app_name, "m1"), "someone-else"), 60_000)
+    store.claim(Claim(_element(app_name, "m1"), "someone-else"), 60_000)
     listener = RecordingListener(config)
     result = listener.consume_message([ClassicMessage(f"m{i}") for i in range(3)])
     assert result == BatchResult(LATER, 0)

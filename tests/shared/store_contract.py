@@ -300,7 +300,8 @@ def test_a_settled_record_counts_its_lapsed_claims_from_zero(
     released, consumed, failed = (element(app_name, k) for k in ("r", "c", "f"))
     for e in (released, consumed, failed):
         store.claim(Claim(e, "o1"), SHORT)
-    wait_for(lambda: store.get_status(released) is None, timeout=10)
+    # every one of the three lapsed (claimed one after another: the last lapses last)
+    wait_for(lambda: all(store.get_status(e) is None for e in (released, consumed, failed)))
     takeovers = [store.claim(Claim(e, "o2"), LEASE) for e in (released, consumed, failed)]
     assert [r.lapsed for r in takeovers] == [1, 1, 1]
     assert store.release(Claim(released, "o2"))

@@ -59,7 +59,7 @@ def test_an_async_handler_is_refused_when_the_listener_is_made(kind: str) -> Non
     text = str(refused.value)
     assert ".do_handle_msg is an async def" in text
     assert "Define do_handle_msg with def" in text and "asyncio.run(" in text
-    assert "not supported yet" in text
+    assert "AsyncDedupConcurrentListener" in text  # where async handlers belong
 
 
 class Plain(DedupConcurrentListener):

@@ -6,7 +6,8 @@ import ast
 from pathlib import Path
 
 SHARED = Path(__file__).resolve().parents[1] / "shared"
-STORE_FIXTURES = {"store", "mysql_table", "redis_client", "redis_cluster_client"}
+#: (``make_config``: the asyncio call cases make their store on their own event loop)
+STORE_FIXTURES = {"store", "mysql_table", "redis_client", "redis_cluster_client", "make_config"}
 
 
 def test_every_shared_test_takes_a_store() -> None:

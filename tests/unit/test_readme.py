@@ -31,8 +31,12 @@ MARKED_BLOCK = re.compile(
     r"^<!-- (samples/[\w./-]+\.py) -->\n```python\n(.*?)^```$", re.MULTILINE | re.DOTALL
 )
 QUICKSTARTS = sorted(REPO.glob("samples/quickstart_*.py"))
-#: The quick starts of DedupConcurrentListener (the others are the exactly-once ones).
-PLAIN_QUICKSTARTS = [p for p in QUICKSTARTS if "exactly_once" not in p.name]
+#: The quick starts of AsyncDedupConcurrentListener (the classic push client, the 5.x simple).
+ASYNC_QUICKSTARTS = [p for p in QUICKSTARTS if p.name.startswith("quickstart_asyncio")]
+#: The quick starts of DedupConcurrentListener (the others: exactly-once, asyncio).
+PLAIN_QUICKSTARTS = [
+    p for p in QUICKSTARTS if "exactly_once" not in p.name and p not in ASYNC_QUICKSTARTS
+]
 
 
 def marked_blocks(text: str) -> List[Tuple[str, str]]:
@@ -57,10 +61,10 @@ def test_every_marker_is_followed_by_its_block() -> None:
 
 
 def test_every_quickstart_file_is_in_the_readme_once() -> None:
-    """samples/quickstart_*.py: all seven, each shown once; and the testing sample once."""
+    """samples/quickstart_*.py: all nine, each shown once; and the testing sample once."""
     shown = [path for path, _ in marked_blocks(README.read_text())]
     expected = [f"samples/{p.name}" for p in QUICKSTARTS]
-    assert len(expected) == 7
+    assert len(expected) == 9
     assert sorted(p for p in shown if "/quickstart_" in p) == expected
     assert shown.count("samples/test_payment_listener.py") == 1
 
@@ -74,10 +78,10 @@ def test_the_marker_check_catches_a_difference() -> None:
     assert found == path and block != code
 
 
-def class_sources(name: str) -> Dict[str, str]:
-    """The source of class ``name`` in each quick start."""
+def class_sources(name: str, paths: Any = None) -> Dict[str, str]:
+    """The source of class ``name`` in each quick start (of ``paths``: the plain ones)."""
     sources = {}
-    for path in PLAIN_QUICKSTARTS:
+    for path in PLAIN_QUICKSTARTS if paths is None else paths:
         text = path.read_text()
         for node in ast.parse(text).body:
             if isinstance(node, ast.ClassDef) and node.name == name:
@@ -92,6 +96,14 @@ def test_one_listener_class_serves_both_clients() -> None:
     assert sorted(sources) == [p.name for p in PLAIN_QUICKSTARTS] and len(sources) == 5
     assert len(set(sources.values())) == 1
     assert "message_keys(msg)" in next(iter(sources.values()))
+
+
+def test_the_asyncio_quick_starts_share_one_listener_class() -> None:
+    """Both asyncio quick starts (the classic push client's bridge, the 5.x SimpleConsumer's
+    driver) define the same asyncio OrderListener, word for word."""
+    sources = class_sources("OrderListener", ASYNC_QUICKSTARTS)
+    assert len(sources) == 2 and len(set(sources.values())) == 1
+    assert "AsyncDedupConcurrentListener" in next(iter(sources.values()))
 
 
 def test_the_quickstart_listener_handles_an_order_once_on_both_shapes(

@@ -15,3 +15,30 @@ def test_sample_listener_dedups_test_topic_on_the_body() -> None:
     other = ClassicMessage("id-2", topic="OTHER", body=b"order-1")
     assert listener.dedup_message_key(other) == "id-2"
     assert listener(ClassicMessage("id-3", body=b"order-9")) is ConsumeStatus.CONSUME_SUCCESS
+
+
+def test_the_deduplicated_calls_sample_charges_and_emails_each_order_once() -> None:
+    """samples/deduplicated_calls.py: an order charged twice is charged once (the second call
+    told "already charged"), and its receipt e-mailed once."""
+    import logging
+
+    from samples.deduplicated_calls import payment_steps
+
+    config = DedupConfig.enable_dedup_consume_config("order-service", MemoryDedupStore())
+    charge_once, email_receipt = payment_steps(config)
+    records: list = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("payments")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        assert charge_once("order-1", 10) == "receipt-order-1"
+        assert charge_once("order-1", 10) == "already charged"
+        email_receipt("order-1")
+        email_receipt("order-1")
+    finally:
+        logger.removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    assert lines.count("order order-1 charged 10") == 1
+    assert lines.count("order order-1: receipt e-mailed") == 1

@@ -122,12 +122,14 @@ def test_deliver_in_sequence_reports_answers_and_what_the_handler_saw() -> None:
 def test_deliver_concurrently_lands_every_copy_while_the_first_is_in_its_handler() -> None:
     """From threads, the copies that did not get the claim are answered RECONSUME_LATER,
     every time (20 runs): the first copy's handler is held until they are answered."""
+    before = threading.active_count()  # (earlier tests' threads: the session's event loop...)
     listener = make(ManualClock())
     for run in range(20):
         report = deliver(listener, GrpcMessage(f"g{run}", keys={f"k{run}"}), 5, concurrently=True)
         assert sorted(report.answers) == [SUCCESS] + [LATER] * 4, run
         assert report.handler_runs == 1
-    assert threading.active_count() < 5  # no thread left behind
+    # no thread of the 100 copies left behind (at most this listener's lease keeper)
+    assert threading.active_count() <= before + 1
 
 
 def test_deliver_concurrently_without_dedup_runs_every_copy() -> None:

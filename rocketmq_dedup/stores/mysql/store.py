@@ -17,6 +17,7 @@ from rocketmq_dedup.stores.base import (
     ClaimResult,
     DedupStore,
     Record,
+    claimed_after,
     parse_status,
 )
 from rocketmq_dedup.stores.mysql.connection import (
@@ -79,8 +80,10 @@ from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
     SqlTables,
+    add_reasons,
     deletable,
     detached_connections,
+    failed_keys,
     latency,
     pool_options,
     purge_in_key_order,
@@ -459,9 +462,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
                 elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
                     # ours: taken over (or written) by the upsert; the claims before it that
                     # lapsed since the record was last settled
-                    results[i] = (
-                        ClaimResult(True, None, deliveries - 1) if deliveries > 1 else CLAIMED
-                    )
+                    results[i] = claimed_after(deliveries)
                 else:
                     results[i] = ClaimResult(False, record)
             pending = vanished
@@ -512,17 +513,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
             runner.run(MARK_FAILED_SQL_NO_REASON.format(table=self._table), row, False)
 
     def _no_reason_column(self, exc: BaseException) -> None:
-        """A table made before FAILED records (no reason column): the record is written
-        without its reason; the log says what adds the column."""
-        _old_table_log.log(
-            logging.WARNING,
-            "%s has no %s column (%s): FAILED records are written without their reason; add it: %s",
-            self._description,
-            REASON_COLUMN,
-            exc,
-            ADD_REASON_SQL.format(table=self._table),
-            about=self._description,
-        )
+        no_reason_column(self._description, self._table, exc)
 
     def do_release(self, claim: Claim) -> bool:
         return self._op(self._delete_claims, [claim]) == 1
@@ -554,7 +545,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
         """:meth:`_select`, and the reasons of the FAILED records among them (one more
         statement, only when there are some; none on a table without the column)."""
         records = self._select(runner, digests)
-        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        failed = failed_keys(records)
         if failed:
             sql = REASONS_SQL.format(table=self._table, marks=", ".join(["%s"] * len(failed)))
             try:
@@ -564,9 +555,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
                     raise
                 self._no_reason_column(exc)
                 reasons = []
-            for key, reason in reasons:
-                key = bytes(key)
-                records[key] = records[key]._replace(reason=column_text(reason))
+            add_reasons(records, reasons, column_text)
         return records
 
     # -- operator hooks ------------------------------------------------------------------
@@ -638,6 +627,20 @@ class MySQLDedupStore(SqlTables, DedupStore):
 
 #: The warning that a table has no reason column, at most once a minute per process.
 _old_table_log = RateLimitedLog(logger, interval=60.0)
+
+
+def no_reason_column(description: str, table: str, exc: BaseException) -> None:
+    """A table made before FAILED records (no reason column): the record is written without
+    its reason; the log (rate-limited) says what adds the column. ``table``: quoted."""
+    _old_table_log.log(
+        logging.WARNING,
+        "%s has no %s column (%s): FAILED records are written without their reason; add it: %s",
+        description,
+        REASON_COLUMN,
+        exc,
+        ADD_REASON_SQL.format(table=table),
+        about=description,
+    )
 
 
 def _listed(row: Sequence[Any]) -> Record:

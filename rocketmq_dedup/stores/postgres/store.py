@@ -17,7 +17,14 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
-from rocketmq_dedup.stores.base import CLAIMED, Claim, ClaimResult, DedupStore, Record
+from rocketmq_dedup.stores.base import (
+    Claim,
+    ClaimResult,
+    DedupStore,
+    Record,
+    StoreBoundary,
+    claimed_after,
+)
 from rocketmq_dedup.stores.operations import Diagnosis, StoreStats, oldest_claims
 from rocketmq_dedup.stores.postgres import connections
 from rocketmq_dedup.stores.postgres.connections import (
@@ -82,8 +89,10 @@ from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
     SqlTables,
+    add_reasons,
     deletable,
     detached_connections,
+    failed_keys,
     is_sqlalchemy_engine,
     latency,
     pool_options,
@@ -152,7 +161,71 @@ def describe_source(source: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-class PostgresDedupStore(SqlTables, DedupStore):
+class PostgresBoundary(StoreBoundary):
+    """The boundary the PostgreSQL stores share, sync and asyncio (no I/O): what a driver
+    error is (:mod:`.errors`, :mod:`.connections`), each wrapped once, and the warning about a
+    table made before FAILED records."""
+
+    table_name: str
+    _description: str
+    #: The user a refusal's GRANT names: the configured one, then what the server reported
+    #: to the last check.
+    _user: Optional[str] = None
+
+    def describe(self) -> str:
+        return self._description
+
+    def is_outage(self, exc: BaseException) -> bool:
+        return connections.is_outage(exc)
+
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """The GRANT to run, the login to fix or the server to point at, for a refusal
+        (:mod:`.errors`: 42501 insufficient privilege, 25006 a read-only server, 28P01/28000
+        a refused login)."""
+        kind = refusal(exc)
+        if kind is None:
+            return None
+        return explain(kind, server_message(exc), self.table_name, self._user)
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """A pool that had no connection in time as :class:`StorePoolExhaustedError`; a
+        refusal a person must fix as :class:`StoreMisconfiguredError` naming the fix; a
+        missing table named as such; a lock wait or a deadlock as
+        :class:`StoreLockConflictError`; the rest as any store."""
+        fix = self.misconfiguration(exc)
+        if fix is not None:
+            text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
+            return StoreMisconfiguredError(text, fix)
+        if is_pool_timeout(exc):
+            return StorePoolExhaustedError(
+                f"{self.describe()}: no free connection in the psycopg_pool pool: "
+                f"{type(exc).__name__}: {exc} (not an outage: consumed later; size the pool "
+                "for the consumer's threads or tasks)"
+            )
+        if is_undefined_table(exc):
+            return StoreError(
+                f"{self.describe()}: the table does not exist: create it with create_table() "
+                "or the statements of `rocketmq-dedup schema postgres` "
+                f"({server_message(exc)})"
+            )
+        text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
+        if connections.is_lock_conflict(exc):
+            return StoreLockConflictError(text)
+        return (StoreUnavailableError if self.is_outage(exc) else StoreError)(text)
+
+    def _no_reason_column(self, exc: BaseException) -> None:
+        """A table made before FAILED records: written without the reason, the fix logged."""
+        _old_table_log.log(
+            logging.WARNING,
+            "%s: %s; FAILED records are written without their reason; add the column: %s",
+            self._description,
+            server_message(exc),
+            ADD_REASON_SQL.format(table=quote_table(self.table_name)),
+            about=self._description,
+        )
+
+
+class PostgresDedupStore(PostgresBoundary, SqlTables, DedupStore):
     """Dedup records in a PostgreSQL table (the ``[postgres]`` extra: psycopg 3).
 
     :param source: where connections come from: a zero-argument callable returning a new
@@ -291,47 +364,6 @@ class PostgresDedupStore(SqlTables, DedupStore):
         application's ``psycopg_pool`` pool it borrows from."""
         return self.connections.pool
 
-    def describe(self) -> str:
-        return self._description
-
-    def is_outage(self, exc: BaseException) -> bool:
-        return connections.is_outage(exc)
-
-    def misconfiguration(self, exc: BaseException) -> Optional[str]:
-        """The GRANT to run, the login to fix or the server to point at, for a refusal
-        (:mod:`.errors`: 42501 insufficient privilege, 25006 a read-only server, 28P01/28000
-        a refused login)."""
-        kind = refusal(exc)
-        if kind is None:
-            return None
-        return explain(kind, server_message(exc), self.table_name, self._user)
-
-    def wrap_error(self, exc: Exception) -> StoreError:
-        """A pool that had no connection in time as :class:`StorePoolExhaustedError`; a
-        refusal a person must fix as :class:`StoreMisconfiguredError` naming the fix; a
-        missing table named as such; a lock wait or a deadlock as
-        :class:`StoreLockConflictError`; the rest as any store."""
-        fix = self.misconfiguration(exc)
-        if fix is not None:
-            text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
-            return StoreMisconfiguredError(text, fix)
-        if is_pool_timeout(exc):
-            return StorePoolExhaustedError(
-                f"{self.describe()}: no free connection in the psycopg_pool pool: "
-                f"{type(exc).__name__}: {exc} (not an outage: consumed later; size the pool "
-                "for the consumer's threads)"
-            )
-        if is_undefined_table(exc):
-            return StoreError(
-                f"{self.describe()}: the table does not exist: create it with create_table() "
-                "or the statements of `rocketmq-dedup schema postgres` "
-                f"({server_message(exc)})"
-            )
-        text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
-        if connections.is_lock_conflict(exc):
-            return StoreLockConflictError(text)
-        return (StoreUnavailableError if self.is_outage(exc) else StoreError)(text)
-
     def close(self) -> None:
         """Close the connections the store opened (busy ones when their operation ends); an
         application's psycopg_pool pool is left alone. The store stays usable."""
@@ -457,17 +489,6 @@ class PostgresDedupStore(SqlTables, DedupStore):
             self._no_reason_column(exc)
             runner.count(self._sql["mark_failed_no_reason"], row)
 
-    def _no_reason_column(self, exc: BaseException) -> None:
-        """A table made before FAILED records: written without the reason, the fix logged."""
-        _old_table_log.log(
-            logging.WARNING,
-            "%s: %s; FAILED records are written without their reason; add the column: %s",
-            self._description,
-            server_message(exc),
-            ADD_REASON_SQL.format(table=quote_table(self.table_name)),
-            about=self._description,
-        )
-
     def do_release(self, claim: Claim) -> bool:
         params = (element_digest(claim.element), claim.owner)
         return self._run(Runner.count, self._sql["release"], params) == 1
@@ -503,7 +524,7 @@ class PostgresDedupStore(SqlTables, DedupStore):
         """:meth:`_select`, and the reasons of the FAILED records among them (one more
         statement, only when there are some; none on a table without the column)."""
         records = self._select(runner, digests)
-        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        failed = failed_keys(records)
         if failed:
             try:
                 reasons = runner.rows(self._sql["reasons"], (failed,))
@@ -512,8 +533,7 @@ class PostgresDedupStore(SqlTables, DedupStore):
                     raise
                 self._no_reason_column(exc)
                 reasons = []
-            for key, reason in reasons:
-                records[bytes(key)] = records[bytes(key)]._replace(reason=reason)
+            add_reasons(records, reasons)
         return records
 
     # -- operator hooks ------------------------------------------------------------------
@@ -600,7 +620,7 @@ def decided(claim: Claim, status: str, owner: str, left_ms: int, claims: int) ->
     CONSUMING claim (owner tokens are unique per attempt; ``claims`` since the record was last
     settled, this one included), else refused by that live row."""
     if owner == claim.owner and status == CONSUMING:
-        return ClaimResult(True, None, claims - 1) if claims > 1 else CLAIMED
+        return claimed_after(claims)
     return ClaimResult(False, live_record(status, owner, left_ms))
 
 

@@ -1,0 +1,3 @@
+"""Deduplicated calls on Redis, Redis Cluster, MariaDB (three drivers) and PostgreSQL."""
+
+from tests.shared.call_cases import *  # noqa: F403

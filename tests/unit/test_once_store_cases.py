@@ -1,0 +1,3 @@
+"""Deduplicated calls on the in-process stores (memory, a user's store)."""
+
+from tests.shared.call_cases import *  # noqa: F403
