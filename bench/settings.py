@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from tests.support import ROCKETMQ_NAMESRV
+from tests.support import ROCKETMQ_NAMESRV, ROCKETMQ_PROXY
 
 #: Every Redis key the bench writes starts with one of these prefixes (cleaned between reps).
 LIBRARY_KEY_PREFIX = "DEDUPBENCH"
@@ -31,6 +31,7 @@ LEASE_MS = 60_000
 RESERVE_MINUTES = 1440
 
 NAMESRV_ADDR = os.environ.get("DEDUP_NAMESRV_ADDR") or ROCKETMQ_NAMESRV
+PROXY_ADDR = ROCKETMQ_PROXY  # the 5.x client's gRPC endpoint
 
 
 class BenchSetupError(RuntimeError):
@@ -44,6 +45,7 @@ class Servers:
     redis_url: str
     mysql: dict[str, Any]
     namesrv_addr: str
+    proxy_addr: str = PROXY_ADDR
 
     @classmethod
     def from_env(cls) -> Servers:
