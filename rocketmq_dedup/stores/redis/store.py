@@ -62,8 +62,17 @@ from rocketmq_dedup.stores.base import (
     parse_status,
     round_trip,
 )
+from rocketmq_dedup.stores.coalesce import (
+    DEFAULT_DEFER_MS,
+    Coalescer,
+    Request,
+    Waker,
+    check_defer_ms,
+    default_waker,
+    marks_failed_reporter,
+    may_defer,
+)
 from rocketmq_dedup.stores.redis import transport
-from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request, Waker, default_waker
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
     CONSUMED,
@@ -118,7 +127,10 @@ class RedisDedupStore(DedupStore):
         (``redis.Redis`` only; a request that arrives alone is sent at once). ``False`` keeps
         no connection: each call takes one from the pool for one round trip.
     :param waker: how a thread waiting for a coalesced round trip is woken (see
-        :func:`~rocketmq_dedup.stores.redis.coalesce.default_waker`).
+        :func:`~rocketmq_dedup.stores.coalesce.default_waker`).
+    :param defer_marks_ms: with coalescing, how long a CONSUMED mark may wait for a later round
+        trip to carry it (the listener returns without waiting for it; see the module docs);
+        ``0``: every mark is written before the listener returns.
     """
 
     def __init__(
@@ -127,6 +139,7 @@ class RedisDedupStore(DedupStore):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         coalesce: bool = True,
         waker: Callable[[], Waker] = default_waker,
+        defer_marks_ms: int = DEFAULT_DEFER_MS,
     ) -> None:
         if redis is None:
             raise MissingExtraError("redis", "redis")
@@ -142,11 +155,20 @@ class RedisDedupStore(DedupStore):
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {kind: client.register_script(text) for kind, text in SCRIPTS.items()}
         self._delete_script = client.register_script(DELETE_SCRIPT)  # operators only
+        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
         if coalesce and not self._cluster:
             _check_pool_size(client.connection_pool)
         self._coalescer = (
-            Coalescer(self._execute, waker) if coalesce and not self._cluster else None
+            Coalescer(
+                self._execute,
+                waker,
+                defer_ms=defer_marks_ms,
+                on_deferred_error=marks_failed_reporter(self.describe),
+            )
+            if coalesce and not self._cluster
+            else None
         )
+        self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         self._set_nx_get = True  # until the server says it has no SET NX GET
         # The connection of the coalesced round trips, checked out of the client's pool. The
         # finalizer gives it back when the store is dropped without close(); it references the
@@ -171,19 +193,31 @@ class RedisDedupStore(DedupStore):
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
         reply = self._request(CLAIM, lease_ms, [self.record_key(element)], [CONSUMING + owner])
         return claim_result(reply[0])
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
         reply = self._request(CLAIM, lease_ms, *self._keys_and_values(claims, CONSUMING))
         return [claim_result(r) for r in reply]
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         element, owner = claim
-        self._request(MARK, retention_ms, [self.record_key(element)], [CONSUMED + owner])
+        self._mark(retention_ms, [self.record_key(element)], [CONSUMED + owner])
 
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
-        self._request(MARK, retention_ms, *self._keys_and_values(claims, CONSUMED))
+        self._mark(retention_ms, *self._keys_and_values(claims, CONSUMED))
+
+    def _mark(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
+        """Mark CONSUMED: deferred to a later round trip when allowed, else now."""
+        coalescer = self._coalescer
+        if coalescer is not None and may_defer(self.defer_marks_ms, self._shortest_lease_ms):
+            coalescer.defer(Request(MARK, retention_ms, keys, values))
+        else:
+            self._request(MARK, retention_ms, keys, values)
 
     def do_release(self, claim: Claim) -> bool:
         element, owner = claim
@@ -205,7 +239,13 @@ class RedisDedupStore(DedupStore):
         ``CONSUMED:``) before each owner token."""
         return [self.record_key(e) for e, _ in claims], [status + o for _, o in claims]
 
+    def _flush_marks(self) -> None:
+        """Send the deferred CONSUMED marks (a read of the store sees every mark made)."""
+        if self._coalescer is not None:
+            self._coalescer.flush()
+
     def do_read(self, element: DedupElement) -> Optional[Record]:
+        self._flush_marks()
         key = self.record_key(element)
         pipe = self.client.pipeline(transaction=False)
         pipe.get(key)
@@ -221,6 +261,7 @@ class RedisDedupStore(DedupStore):
     # -- operator hooks (the CLI): through the client, never on the hot path ---------------
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        self._flush_marks()
         key = self.record_key(element)
         deleted = self._delete_script(keys=[key], args=["1" if force else "0"])
         return parse_status(to_text(deleted)) if deleted else None
@@ -228,6 +269,7 @@ class RedisDedupStore(DedupStore):
     def do_stats(self, application: str, limit: int) -> StoreStats:
         """One SCAN over the application's keys (every primary of a cluster), then their
         values and TTLs, 500 keys a round trip."""
+        self._flush_marks()
         pattern = app_key_pattern(self.key_prefix, application)
         keys = list(self.client.scan_iter(match=pattern, count=1000))
         records: List[Record] = []
@@ -317,8 +359,10 @@ class RedisDedupStore(DedupStore):
         )
 
     def close(self) -> None:
-        """Give the store's connection back to the client's pool (disconnected); never closes
-        the user's client. The store stays usable: it takes a connection again if needed."""
+        """Send the deferred CONSUMED marks; give the store's connection back to the client's
+        pool (disconnected); never closes the user's client. The store stays usable: it takes
+        a connection again if needed."""
+        self._flush_marks()
         self._pinned.release()
         transport.release_orphans()
 
