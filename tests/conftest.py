@@ -20,8 +20,17 @@ from tests.support import REDIS_CLUSTER_URL, REDIS_URL, DuckStore, mysql_connect
 
 TEST_TABLE = "t_rocketmq_dedup_test"
 # "mysql" runs on mysqlclient (its connection API), "mysql_pymysql" on PyMySQL and
-# "mysql_connector" on mysql-connector-python (both through DB-API cursors).
-STORE_KINDS = ["memory", "redis", "redis_cluster", "mysql", "mysql_pymysql", "mysql_connector"]
+# "mysql_connector" on mysql-connector-python (both through DB-API cursors), each with its
+# threads' requests coalesced; "mysql_uncoalesced": mysqlclient, each call on its own.
+STORE_KINDS = [
+    "memory",
+    "redis",
+    "redis_cluster",
+    "mysql",
+    "mysql_pymysql",
+    "mysql_connector",
+    "mysql_uncoalesced",
+]
 MYSQL_DRIVERS = {
     "mysql": "mysqlclient",
     "mysql_pymysql": "pymysql",
@@ -83,9 +92,11 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
         return RedisDedupStore(request.getfixturevalue("redis_client"))
     if kind == "redis_cluster":
         return RedisDedupStore(request.getfixturevalue("redis_cluster_client"))
-    if kind in MYSQL_DRIVERS:
+    if kind in MYSQL_DRIVERS or kind == "mysql_uncoalesced":
         table = request.getfixturevalue("mysql_table")
-        store = MySQLDedupStore(mysql_connect(MYSQL_DRIVERS[kind]), table)
+        coalesce = kind != "mysql_uncoalesced"
+        driver = MYSQL_DRIVERS.get(kind, "mysqlclient")
+        store = MySQLDedupStore(mysql_connect(driver), table, coalesce=coalesce)
         request.addfinalizer(store.close)
         return store
     raise ValueError(kind)

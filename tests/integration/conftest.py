@@ -1,6 +1,6 @@
 """The integration layer: ``store`` runs on every server kind (Redis, Redis Cluster, MariaDB
-through mysqlclient, PyMySQL and mysql-connector-python); tests are marked ``redis`` or
-``mysql`` by the servers they use."""
+through mysqlclient, PyMySQL and mysql-connector-python, and mysqlclient without coalescing);
+tests are marked ``redis`` or ``mysql`` by the servers they use."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from rocketmq_dedup.stores.base import DedupStore
 from tests.conftest import MYSQL_DRIVERS, make_store
 
-STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS]
+STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS, "mysql_uncoalesced"]
 _REDIS_FIXTURES = {"redis_client", "redis_cluster_client"}
 
 

@@ -164,6 +164,103 @@ def test_thread_pool_shares_one_store(mysql_store: MySQLDedupStore, app_name: st
     assert sorted(listener.handled) == sorted(f"m{i}" for i in range(40))
 
 
+def test_concurrent_threads_share_round_trips(mysql_table: str, app_name: str) -> None:
+    """8 threads x 100 fresh messages: the claims, marks and releases of concurrent threads
+    share round trips (one statement per kind in each); every message handled once, every
+    record CONSUMED once the deferred marks are sent (close)."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table)
+    assert store.coalescer is not None
+    batches: List[int] = []
+    execute = store.coalescer._execute
+
+    def counting(batch: List[Any]) -> None:
+        batches.append(len(batch))
+        execute(batch)
+
+    store.coalescer._execute = counting
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    barrier = threading.Barrier(8)
+
+    def worker(t: int) -> None:
+        barrier.wait(10)
+        for i in range(100):
+            assert listener(ClassicMessage(f"{t}-{i}")) is ConsumeStatus.CONSUME_SUCCESS
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    store.close()  # sends the CONSUMED marks still deferred
+    assert sorted(listener.handled) == sorted(f"{t}-{i}" for t in range(8) for i in range(100))
+    assert sum(batches) == 8 * 100 * 2  # one claim and one mark per message
+    assert len(batches) < 8 * 100 * 2 * 0.6  # round trips were shared
+    statuses = query(
+        f"SELECT status, COUNT(*) FROM {mysql_table} WHERE application_name = %s GROUP BY 1",
+        app_name,
+    )
+    assert [tuple(row) for row in statuses] == [("CONSUMED", 800)]
+
+
+def test_a_copy_claimed_with_its_twins_deferred_mark_is_a_duplicate(
+    mysql_table: str, app_name: str
+) -> None:
+    """A handled message's CONSUMED mark waits for the next round trip, and goes first in it:
+    the row reads CONSUMING after the listener returned, and a copy claimed next is a
+    duplicate of a CONSUMED record (acked, its handler not run)."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table, defer_marks_ms=500)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    status = f"SELECT status FROM {mysql_table} WHERE dedup_key = %s"
+    digest = DedupElement(app_name, "TEST-TOPIC", "TagA", "m1").digest()
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert query(status, digest) == (("CONSUMING",),)
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert query(status, digest) == (("CONSUMED",),)
+    assert listener.handled == ["m1"]
+    store.close()
+
+
+def test_a_copy_elsewhere_is_consumed_later_until_the_deferred_mark_lands(
+    mysql_table: str, app_name: str
+) -> None:
+    """Until a deferred mark lands, another consumer's copy finds the live CONSUMING claim and
+    is answered RECONSUME_LATER; once it lands (here: close), the copy is acked."""
+    first = Ok(
+        DedupConfig.enable_dedup_consume_config(
+            app_name, MySQLDedupStore(mysql_connect(), mysql_table, defer_marks_ms=500)
+        )
+    )
+    other_store = MySQLDedupStore(mysql_connect(), mysql_table)
+    other = Ok(DedupConfig.enable_dedup_consume_config(app_name, other_store))
+    assert first(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert other(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+    first.close()
+    assert other(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert first.handled == ["m1"] and other.handled == []
+    other_store.close()
+
+
+def test_binary_keys_and_text_go_to_the_server_as_the_same_values(mysql_table: str) -> None:
+    """mysqlclient runners send binary keys as hex literals and quote text once per value:
+    the server reads back exactly the bytes and the text that were sent, quotes, backslashes,
+    NUL bytes, percent signs and CJK included."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table)
+    runner = store.pool.take()
+    try:
+        key = bytes(range(256))[:32] + b"'\\\"\x00%_"
+        text = "k'\\%s\"\u8a02\u55ae"
+        for _ in range(2):  # the second time from the runner's quoted-text cache
+            rows = runner.run("SELECT %s, %s, HEX(%s)", (key, text, key), True)
+            value, echoed, hexed = rows[0]
+            assert bytes(value) == key
+            assert (echoed.decode() if isinstance(echoed, bytes) else echoed) == text
+            assert (hexed.decode() if isinstance(hexed, bytes) else hexed) == key.hex().upper()
+    finally:
+        store.pool.give(runner)
+        store.close()
+
+
 def test_reconnects_after_server_restart(mysql_table: str, app_name: str) -> None:
     """After MariaDB restarts, the next message reconnects and is deduped as before."""
     store = MySQLDedupStore(mysql_connect(), mysql_table)
