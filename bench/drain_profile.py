@@ -48,8 +48,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--n", type=int, default=20_000, help="messages of the profiled run")
     parser.add_argument("--out", type=Path, help="the profiler's output file")
+    parser.add_argument(
+        "--checkout", type=Path, help="profile the listener of the checkout at PATH instead"
+    )
     args = parser.parse_args(argv)
     case_type = next(c for c in CONSUMER_CASES if c.name == args.case)
+    if args.checkout is not None:
+        case_type = type(case_type.__name__, (case_type,), {"checkout": args.checkout})
     case = case_type(Context(Servers.from_env(), uuid.uuid4().hex[:8]), args.n)
     assert isinstance(case, ConsumerCase)
     out = args.out or Path(f"{args.case}.{args.tool}")
