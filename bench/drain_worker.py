@@ -180,7 +180,7 @@ class Consumer:
             return True
         self.gate.wait()
         tally = self.tally
-        if tally is None or not body.startswith(tally.marker):
+        if tally is None or not body.startswith(tally.marker + b" "):
             return True  # not of this run (a probe's twin, a straggler): not measured
         tally.delivered()
         ok = self.handle(msg) if self.listener is None else self.listener(msg) is self.ok
@@ -261,7 +261,7 @@ class Consumer:
                 body, tally = message.body, worker.tally
                 if body == PROBE_BODY:
                     worker.probed.set()
-                elif tally is not None and body.startswith(tally.marker):
+                elif tally is not None and body.startswith(tally.marker + b" "):
                     tally.completed(first_key(message), body, True)
 
         recording = Recording()

@@ -20,6 +20,9 @@ BENCH_KEY_PATTERNS = (f"{LIBRARY_KEY_PREFIX}*",)  # the other two prefixes start
 #: Bench-only MySQL tables (the library's schema, and the Java original's for the baseline).
 LIBRARY_TABLE = "t_rocketmq_dedup_bench"
 NAIVE_TABLE = "t_rocketmq_dedup_bench_naive"
+#: The drain and paced cases' dedup table (bench.drain): their own, so that another run of the
+#: in-process cases, which recreates LIBRARY_TABLE, never drops it under a live consumer.
+CONSUMER_TABLE = "t_rocketmq_dedup_bench_consumer"
 #: The business tables of the exactly-once cases (mysql_tx_*): accounts updated and a ledger
 #: appended to by one business transaction per message.
 TX_ACCOUNT_TABLE = "t_rocketmq_dedup_bench_account"

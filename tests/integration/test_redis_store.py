@@ -19,6 +19,7 @@ from rocketmq_dedup import (
     ConsumeStatus,
     DedupConcurrentListener,
     DedupConfig,
+    DedupConfigError,
     DedupElement,
     DedupStatus,
 )
@@ -28,7 +29,7 @@ from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.coalesce import Request
 from rocketmq_dedup.stores.redis import RedisDedupStore, transport
 from rocketmq_dedup.testing import ClassicMessage
-from tests.support import REDIS_URL, claims, outcome, wait_for
+from tests.support import REDIS_URL, claims, mysql_connect, outcome, wait_for
 
 
 class CountingConnection(redis.Connection):
@@ -497,3 +498,17 @@ def test_inspect_delete_and_stats(any_store: RedisDedupStore, app_name: str) -> 
     assert any_store.delete(done, force=True) is DedupStatus.CONSUMED
     assert any_store.read(stuck) is None and any_store.read(done) is None
     assert any_store.stats(app).counts == {}
+
+
+@pytest.mark.parametrize("bad", [-1, 1001, 2.5, True, "10"])
+def test_defer_marks_ms_is_a_store_option_checked_at_construction(
+    redis_client: redis.Redis, app_name: str, bad: Any
+) -> None:
+    """defer_marks_ms goes from DedupConfig to either store (0 turns deferral off); anything
+    but an int from 0 to 1000 is a DedupConfigError."""
+    config = DedupConfig.enable_dedup_consume_config(app_name, redis_client, defer_marks_ms=0)
+    assert isinstance(config.persist, RedisDedupStore) and config.persist.defer_marks_ms == 0
+    with pytest.raises(DedupConfigError, match="defer_marks_ms"):
+        DedupConfig.enable_dedup_consume_config(app_name, redis_client, defer_marks_ms=bad)
+    with pytest.raises(DedupConfigError, match="defer_marks_ms"):
+        DedupConfig.enable_dedup_consume_config(app_name, mysql_connect(), defer_marks_ms=bad)
