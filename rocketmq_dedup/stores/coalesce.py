@@ -191,6 +191,7 @@ class Coalescer:
         self._spare: List[Waker] = []
         self._deferred: List[Request] = []
         self._deferred_since = 0.0  # time.monotonic() when the oldest deferred one came
+        self._deferrals = 0  # requests deferred so far (the flusher watches it move)
         self._flusher_idle = True  # the flusher thread waits on _flusher_wake (or none runs)
         self._flusher_wake: Optional[threading.Event] = None
 
@@ -298,6 +299,7 @@ class Coalescer:
         woken to send them once they are due."""
         wake = None
         with self._lock:
+            self._deferrals += 1
             if not self._deferred:
                 self._deferred_since = time.monotonic()
                 if self._flusher_idle:
@@ -318,15 +320,20 @@ class Coalescer:
         if self._deferred:
             self.run(Request(FLUSH, 0, (), ()))
 
-    def _flush_due(self, wake: threading.Event) -> Optional[float]:
-        """The flusher's question: seconds until the oldest deferred request is due (<= 0:
-        now), or None when there is none (the flusher then waits for ``wake``)."""
+    def _flush_due(self, wake: threading.Event, seen: int) -> Tuple[Optional[float], int]:
+        """The flusher's question, and how many requests were deferred so far: seconds until
+        the oldest deferred request is due (<= 0: now); with none waiting, one more
+        ``defer_ms`` if requests were deferred since the flusher's last look (``seen``: round
+        trips are carrying them, and it stays awake rather than be woken for each), else None
+        (it waits for ``wake``)."""
         with self._lock:
-            if not self._deferred:
-                self._flusher_idle = True
-                wake.clear()
-                return None
-            return self._deferred_since + self._defer_s - time.monotonic()
+            if self._deferred:
+                return self._deferred_since + self._defer_s - time.monotonic(), self._deferrals
+            if self._deferrals != seen:
+                return self._defer_s, self._deferrals
+            self._flusher_idle = True
+            wake.clear()
+            return None, seen
 
     def _start_flusher(self) -> threading.Event:
         """The flusher thread (a daemon; it holds only a weak reference, and ends when the
@@ -423,7 +430,9 @@ def marks_failed_reporter(
 
 def _run_flusher(ref: weakref.ReferenceType[Coalescer], wake: threading.Event) -> None:
     """Send a coalescer's deferred requests when the oldest has waited ``defer_ms`` and no
-    round trip has carried it; wait for ``wake`` while there are none."""
+    round trip has carried it; while requests keep being deferred, look every ``defer_ms``;
+    after a ``defer_ms`` with none, wait for ``wake``."""
+    seen = -1
     while True:
         wake.wait()
         coalescer = ref()
@@ -431,7 +440,7 @@ def _run_flusher(ref: weakref.ReferenceType[Coalescer], wake: threading.Event) -
             return
         due: Optional[float] = None
         try:
-            due = coalescer._flush_due(wake)
+            due, seen = coalescer._flush_due(wake, seen)
             if due is not None and due <= 0:
                 coalescer.flush()
         except Exception:  # a failed flush is reported through on_deferred_error

@@ -314,6 +314,35 @@ def test_a_deferred_request_no_round_trip_carries_is_sent_within_defer_ms(waker:
     wait_for(lambda: len(execute.batches) == 2, timeout=5)
 
 
+def test_the_flusher_is_not_woken_for_each_request_round_trips_carry(
+    waker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While round trips carry the deferred requests (a steady consumer: mark, claim, mark,
+    ...), the flusher looks about once per defer_ms, not once per request (before: each
+    deferral found it idle and woke it, two more context switches a message)."""
+    looks: List[float] = []
+    flush_due = Coalescer._flush_due
+
+    def counted(self: Coalescer, *args: Any) -> Any:
+        looks.append(time.monotonic())
+        return flush_due(self, *args)
+
+    monkeypatch.setattr(Coalescer, "_flush_due", counted)
+
+    def io(batch: List[Request]) -> None:
+        time.sleep(0.0005)  # the round trip: the GIL released, the flusher free to run
+        for r in batch:
+            r.result = "done"
+
+    coalescer = Coalescer(io, waker, defer_ms=50)
+    began = time.monotonic()
+    for i in range(200):
+        coalescer.defer(Request("mark", 1, [b"%d" % i], ["v"]))
+        coalescer.run(make_request())
+    periods = (time.monotonic() - began) / 0.05
+    assert len(looks) <= periods + 3, (len(looks), periods)
+
+
 def test_flush_sends_the_deferred_now_and_nothing_without_them(waker: Any) -> None:
     """flush() sends the deferred requests in a round trip of their own and returns once it
     is done; with none deferred it sends nothing."""
