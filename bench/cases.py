@@ -14,7 +14,14 @@ import time
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from bench.messages import CountingHandler, consume_all, make_messages
-from bench.naive import NAIVE_SCHEMA, NaiveMySQLDedup, NaiveRedisDedup, uniq_key
+from bench.naive import (
+    NAIVE_PG_SCHEMA,
+    NAIVE_SCHEMA,
+    NaiveMySQLDedup,
+    NaivePostgresDedup,
+    NaiveRedisDedup,
+    uniq_key,
+)
 from bench.settings import (
     LEASE_MS,
     LIBRARY_KEY_PREFIX,
@@ -35,6 +42,7 @@ from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
 from rocketmq_dedup.stores.mysql.sql import RECORD_INSERT_SQL
+from rocketmq_dedup.stores.postgres import schema_statements as postgres_schema
 from rocketmq_dedup.stores.redis import RedisDedupStore
 from rocketmq_dedup.testing import ClassicMessage
 
@@ -53,7 +61,7 @@ class Context:
     def __init__(self, servers: Servers, run_id: str) -> None:
         self.servers = servers
         self.run_id = run_id
-        self.tables_made: set[str] = set()  # MySQL tables (re)created by this run
+        self.tables_made: set[str] = set()  # SQL tables (re)created by this run ("server:name")
 
     def app_name(self, case: str) -> str:
         return f"bench-{self.run_id}-{case}"
@@ -74,7 +82,7 @@ class Case(abc.ABC):
     """One benchmark case. ``ok`` is what ``consume`` answers for a handled message."""
 
     name: ClassVar[str]
-    needs: ClassVar[frozenset[str]] = frozenset()  # "redis", "mysql", "broker"
+    needs: ClassVar[frozenset[str]] = frozenset()  # "redis", "mysql", "postgres", "broker"
     chunked: ClassVar[bool] = True  # measured in parts, one per round (see bench.runner)
     quick_n: ClassVar[int]
     full_n: ClassVar[int]
@@ -478,10 +486,10 @@ class MySQLCase(Case):
         current schema (a table left by an older run may differ; the cases sharing it set up
         in turn)."""
         table = self.table if table is None else table
-        if table not in self.ctx.tables_made:
+        if f"mysql:{table}" not in self.ctx.tables_made:
             self.sql(f"DROP TABLE IF EXISTS `{table}`")
             self.sql(schema)
-            self.ctx.tables_made.add(table)
+            self.ctx.tables_made.add(f"mysql:{table}")
 
     def cleanup(self) -> None:
         self.sql(f"DELETE FROM `{self.table}` WHERE application_name = %s", (self.app,))
@@ -491,12 +499,14 @@ class MySQLCase(Case):
         self.admin.close()
 
 
-class LibraryMySQLCase(MySQLCase):
-    table = LIBRARY_TABLE
+class SQLListenerCase(Case):
+    """The library's listener on a SQL case's table, given the connection factory
+    (``self.connect``) as a user gives it; the store's connections are closed at the end."""
 
-    def setup(self) -> None:
-        super().setup()
-        self.make_table(schema_sql(self.table))
+    connect: Callable[[], Any]
+    table: ClassVar[str]
+
+    def start_listener(self) -> None:
         config = DedupConfig.enable_dedup_consume_config(
             self.app, self.connect, table_name=self.table, **listener_options()
         )
@@ -508,8 +518,17 @@ class LibraryMySQLCase(MySQLCase):
     def close(self) -> None:
         super().close()
         assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        assert self.listener.dedup_config.store is not None
+        self.listener.dedup_config.store.close()
+
+
+class LibraryMySQLCase(SQLListenerCase, MySQLCase):
+    table = LIBRARY_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(schema_sql(self.table))
+        self.start_listener()
 
 
 class MySQLFresh(LibraryMySQLCase):
@@ -531,6 +550,99 @@ class MySQLNaiveFresh(MySQLCase):
         super().setup()
         self.make_table(NAIVE_SCHEMA.format(table=self.table))
         self.naive = NaiveMySQLDedup(self.connect(), self.table, self.app, self.handler)
+
+    def consume(self, item: Any) -> Any:
+        return self.naive(item)
+
+    def close(self) -> None:
+        super().close()
+        self.naive.conn.close()
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+FILLER_ROWS = 20_000
+# A day's records of another application, CONSUMED, in each schema.
+LIBRARY_FILLER = """\
+INSERT INTO {table} (dedup_key, application_name, topic, tag, msg_uniq_key, status,
+  owner_token, expire_time)
+SELECT sha256(i::text::bytea), 'bench-filler', 'T', 'TagBench', i::text, 'CONSUMED', 'filler',
+  now() + interval '1 day'
+FROM generate_series(1, {rows}) AS i"""
+NAIVE_FILLER = """\
+INSERT INTO {table} (application_name, topic, tag, msg_uniq_key, status, expire_time)
+SELECT 'bench-filler', 'T', 'TagBench', i::text, 'CONSUMED', 0
+FROM generate_series(1, {rows}) AS i"""
+
+
+class PostgresCase(Case):
+    """A case on the bench's PostgreSQL tables; ``cleanup`` deletes this case's rows."""
+
+    needs = frozenset({"postgres"})
+    quick_n, full_n = 3_000, 10_000
+    table: ClassVar[str]
+
+    def setup(self) -> None:
+        self.connect = self.ctx.servers.postgres_connect()
+        self.admin = self.connect()
+        self.admin.autocommit = True
+
+    def make_table(self, statements: Sequence[str], filler: str) -> None:
+        """Drop and create this case's table, once per run (a table left by an older run may
+        have another schema; the cases sharing it set up in turn), with ``filler`` rows of
+        another application in it and its statistics taken. A table the planner sees empty
+        gets sequential scans in the generic plans of prepared statements (measured: the
+        naive port's UPDATE by its four-column key scanned the table that each repetition
+        grows, and ran at half speed); a table in use holds a day's records."""
+        if f"postgres:{self.table}" not in self.ctx.tables_made:
+            self.admin.execute(f"DROP TABLE IF EXISTS {self.table}")
+            for statement in statements:
+                self.admin.execute(statement)
+            self.admin.execute(filler.format(table=self.table, rows=FILLER_ROWS))
+            self.admin.execute(f"ANALYZE {self.table}")
+            self.ctx.tables_made.add(f"postgres:{self.table}")
+
+    def cleanup(self) -> None:
+        self.admin.execute(f"DELETE FROM {self.table} WHERE application_name = %s", (self.app,))
+
+    def close(self) -> None:
+        super().close()
+        self.admin.close()
+
+
+class LibraryPostgresCase(SQLListenerCase, PostgresCase):
+    """The library's listener on a PostgreSQL store: a partial of psycopg.connect, as the README
+    shows it (the store's own pool)."""
+
+    table = LIBRARY_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(postgres_schema(self.table), LIBRARY_FILLER)
+        self.start_listener()
+
+
+class PostgresFresh(LibraryPostgresCase):
+    name = "pg_fresh"
+
+
+class PostgresDup(LibraryPostgresCase):
+    name = "pg_dup"
+    duplicates = True
+
+
+class PostgresNaiveFresh(PostgresCase):
+    """The Java JDBC algorithm (INSERT + UPDATE, autocommit) on the Java original's table, on
+    PostgreSQL."""
+
+    name = "pg_naive_fresh"
+    table = NAIVE_TABLE
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table([NAIVE_PG_SCHEMA.format(table=self.table)], NAIVE_FILLER)
+        self.naive = NaivePostgresDedup(self.connect(), self.table, self.app, self.handler)
 
     def consume(self, item: Any) -> Any:
         return self.naive(item)
@@ -721,8 +833,8 @@ class MySQLTxDedup(MySQLTxCase):
     def close(self) -> None:
         super().close()
         assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.persist is not None
-        self.listener.dedup_config.persist.close()
+        assert self.listener.dedup_config.store is not None
+        self.listener.dedup_config.store.close()
 
 
 class MySQLTx12Plain(MySQLTxPlain):
@@ -759,6 +871,9 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     MySQLFresh,
     MySQLDup,
     MySQLNaiveFresh,
+    PostgresFresh,
+    PostgresDup,
+    PostgresNaiveFresh,
     MySQLTxPlain,
     MySQLTxDedup,
     MySQLTxRecord,

@@ -89,7 +89,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument(
         "--services",
         action="store_true",
-        help="print the servers the selected cases need (redis mysql broker)",
+        help="print the servers the selected cases need (redis mysql postgres broker)",
     )
     parser.add_argument(
         "--cpu",
@@ -120,7 +120,7 @@ def select_cases(pattern: Optional[str], quick: bool) -> list[type[Case]]:
 
 def needed_services(cases: Sequence[type[Case]]) -> list[str]:
     needs = set().union(*(c.needs for c in cases))
-    return [s for s in ("redis", "mysql", "broker") if s in needs]
+    return [s for s in ("redis", "mysql", "postgres", "broker") if s in needs]
 
 
 def check_servers(servers: Servers, services: Sequence[str]) -> dict[str, str]:
@@ -128,6 +128,7 @@ def check_servers(servers: Servers, services: Sequence[str]) -> dict[str, str]:
     checks = {
         "redis": servers.check_redis,
         "mysql": servers.check_mysql,
+        "postgres": servers.check_postgres,
         "broker": servers.check_namesrv,
     }
     return {name: checks[name]() for name in services}

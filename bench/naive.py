@@ -7,7 +7,8 @@ handler. Key: ``prefix:app:topic[:tag]:uniqKey``, unescaped, as in Java.
 
 MySQL (``JDBCPersit`` and its table): ``INSERT`` a CONSUMING row (client clock); on a
 duplicate key ``SELECT`` the live row's status; after the handler ``UPDATE`` the row to
-CONSUMED (``DELETE`` on failure). Autocommit, one connection.
+CONSUMED (``DELETE`` on failure). Autocommit, one connection. PostgreSQL: the same statements
+on the same table, written for psycopg 3 (a unique violation for the duplicate key).
 """
 
 from __future__ import annotations
@@ -121,32 +122,28 @@ _WHERE = "application_name = %s AND topic = %s AND tag = %s AND msg_uniq_key = %
 Ident = tuple[str, str, str, str]
 
 
-class NaiveMySQLDedup(NaiveDedup):
-    """The Java JDBC algorithm over one autocommit mysqlclient connection."""
+class NaiveSQLDedup(NaiveDedup):
+    """The Java JDBC algorithm over one autocommit connection: ``table`` is the quoted name;
+    ``duplicate_key`` the driver's exception for a duplicate key."""
 
-    def __init__(self, conn: Any, table: str, app: str, handler: Handler) -> None:
-        import MySQLdb
-
+    def __init__(
+        self, conn: Any, table: str, app: str, handler: Handler, duplicate_key: type[Exception]
+    ) -> None:
         super().__init__(app, handler)
         self.conn = conn
-        self.conn.autocommit(True)
-        self.duplicate_key = MySQLdb.IntegrityError
+        self.duplicate_key = duplicate_key
         self.insert_sql = (
-            f"INSERT INTO `{table}` (application_name, topic, tag, msg_uniq_key, status, "
+            f"INSERT INTO {table} (application_name, topic, tag, msg_uniq_key, status, "
             "expire_time) VALUES (%s, %s, %s, %s, %s, %s)"
         )
-        self.select_sql = f"SELECT status FROM `{table}` WHERE {_WHERE} AND expire_time > %s"
-        self.update_sql = f"UPDATE `{table}` SET status = %s, expire_time = %s WHERE {_WHERE}"
-        self.delete_sql = f"DELETE FROM `{table}` WHERE {_WHERE}"
+        self.select_sql = f"SELECT status FROM {table} WHERE {_WHERE} AND expire_time > %s"
+        self.update_sql = f"UPDATE {table} SET status = %s, expire_time = %s WHERE {_WHERE}"
+        self.delete_sql = f"DELETE FROM {table} WHERE {_WHERE}"
         self.reserve_ms = RESERVE_MINUTES * 60_000
 
+    @abc.abstractmethod
     def _execute(self, sql: str, params: tuple[Any, ...]) -> Any:
-        cur = self.conn.cursor()
-        try:
-            cur.execute(sql, params)
-            return cur.fetchone()
-        finally:
-            cur.close()
+        """Run one statement; its first row, if it returns rows."""
 
     def record_id(self, msg: Any) -> Ident:
         return (self.app, msg.topic, msg.tags.decode(), uniq_key(msg))
@@ -167,6 +164,51 @@ class NaiveMySQLDedup(NaiveDedup):
 
     def delete(self, record: Ident) -> None:
         self._execute(self.delete_sql, record)
+
+
+class NaiveMySQLDedup(NaiveSQLDedup):
+    """The Java JDBC algorithm over one autocommit mysqlclient connection."""
+
+    def __init__(self, conn: Any, table: str, app: str, handler: Handler) -> None:
+        import MySQLdb
+
+        super().__init__(conn, f"`{table}`", app, handler, MySQLdb.IntegrityError)
+        self.conn.autocommit(True)
+
+    def _execute(self, sql: str, params: tuple[Any, ...]) -> Any:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(sql, params)
+            return cur.fetchone()
+        finally:
+            cur.close()
+
+
+NAIVE_PG_SCHEMA = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  application_name varchar(255) NOT NULL,
+  topic            varchar(255) NOT NULL,
+  tag              varchar(16)  NOT NULL,
+  msg_uniq_key     varchar(255) NOT NULL,
+  status           varchar(16)  NOT NULL,
+  expire_time      bigint       NOT NULL,
+  UNIQUE (application_name, topic, tag, msg_uniq_key)
+)"""
+
+
+class NaivePostgresDedup(NaiveSQLDedup):
+    """The Java JDBC algorithm over one autocommit psycopg connection (the same statements;
+    a unique violation for the duplicate key)."""
+
+    def __init__(self, conn: Any, table: str, app: str, handler: Handler) -> None:
+        import psycopg
+
+        super().__init__(conn, table, app, handler, psycopg.errors.UniqueViolation)
+        self.conn.autocommit = True
+
+    def _execute(self, sql: str, params: tuple[Any, ...]) -> Any:
+        cur = self.conn.execute(sql, params)
+        return cur.fetchone() if cur.description else None
 
 
 def now_ms() -> int:

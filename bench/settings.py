@@ -20,7 +20,8 @@ BENCH_KEY_PATTERNS = (f"{LIBRARY_KEY_PREFIX}*",)  # the other two prefixes start
 #: Appended to every bench table's name (DEDUP_BENCH_TABLE_SUFFIX, e.g. "_ab"): a run recreates
 #: its tables, so two runs on one database at once need tables of their own.
 TABLE_SUFFIX = os.environ.get("DEDUP_BENCH_TABLE_SUFFIX", "")
-#: Bench-only MySQL tables (the library's schema, and the Java original's for the baseline).
+#: Bench-only MySQL and PostgreSQL tables (the library's schema, and the Java original's for the
+#: baseline).
 LIBRARY_TABLE = "t_rocketmq_dedup_bench" + TABLE_SUFFIX
 NAIVE_TABLE = "t_rocketmq_dedup_bench_naive" + TABLE_SUFFIX
 #: The drain and paced cases' dedup table (bench.drain): their own, so that another run of the
@@ -51,6 +52,7 @@ class Servers:
     redis_url: str
     mysql: dict[str, Any]
     namesrv_addr: str
+    postgres_dsn: str = "postgresql://dedup:dedup@127.0.0.1:15432/dedup_test"
     proxy_addr: str = PROXY_ADDR
 
     @classmethod
@@ -66,6 +68,7 @@ class Servers:
                 "database": env("DEDUP_MYSQL_DATABASE", "dedup_test"),
             },
             namesrv_addr=NAMESRV_ADDR,
+            postgres_dsn=env("DEDUP_PG_DSN", "postgresql://dedup:dedup@127.0.0.1:15432/dedup_test"),
         )
 
     def redis_client(self) -> Any:
@@ -79,6 +82,26 @@ class Servers:
         import MySQLdb
 
         return functools.partial(MySQLdb.connect, **self.mysql)
+
+    def postgres_connect(self) -> Callable[[], Any]:
+        """A zero-argument psycopg connection factory, as users pass it to DedupConfig."""
+        import psycopg
+
+        return functools.partial(psycopg.connect, self.postgres_dsn)
+
+    def check_postgres(self) -> str:
+        """Connect to PostgreSQL; return its version. Raises BenchSetupError when not."""
+        import psycopg
+
+        try:
+            with self.postgres_connect()() as conn:
+                return str(conn.execute("SHOW server_version").fetchone()[0])
+        except psycopg.Error as exc:
+            where = urlsplit(self.postgres_dsn)
+            raise BenchSetupError(
+                f"PostgreSQL at {where.hostname}:{where.port}{where.path} is unreachable "
+                f"({exc}); start it with `scripts/services.sh up postgres` or set DEDUP_PG_DSN"
+            ) from exc
 
     def check_redis(self) -> str:
         """Ping Redis; return its version. Raises BenchSetupError when unreachable."""

@@ -1,24 +1,28 @@
 """Consumer-side message deduplication for RocketMQ Python consumers.
 
 A port of the Java RocketMQDedupListener: subclass :class:`DedupConcurrentListener`, implement
-``do_handle_msg``, give it a :class:`DedupConfig` with a Redis or MySQL store, and subscribe it.
+``do_handle_msg``, give it a :class:`DedupConfig` with a Redis, MySQL or PostgreSQL store, and
+subscribe it.
 For handlers that write to MySQL/MariaDB, :class:`TransactionalDedupListener` commits their
 writes and the dedup record in one transaction (exactly once).
 """
 
 from rocketmq_dedup.config import DedupConfig
 from rocketmq_dedup.errors import (
+    ClientConflictError,
     DedupConfigError,
     DedupError,
     MissingExtraError,
     StoreError,
     StoreLockConflictError,
+    StoreMisconfiguredError,
     StorePoolExhaustedError,
     StoreUnavailableError,
     TransactionMisuseError,
 )
 from rocketmq_dedup.listener import BaseDedupListener, DedupConcurrentListener
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.purger import Purger
 from rocketmq_dedup.status import (
     ConsumeStatus,
     DedupStatus,
@@ -34,6 +38,7 @@ from rocketmq_dedup.stores import (
     DedupStore,
     MemoryDedupStore,
     MySQLDedupStore,
+    PostgresDedupStore,
     Record,
     RedisDedupStore,
 )
@@ -47,6 +52,7 @@ __all__ = [
     "BatchResult",
     "Claim",
     "ClaimResult",
+    "ClientConflictError",
     "ConsumeStatus",
     "DedupConcurrentListener",
     "DedupConfig",
@@ -61,12 +67,15 @@ __all__ = [
     "MySQLDedupStore",
     "Outcome",
     "PayloadMismatch",
+    "PostgresDedupStore",
+    "Purger",
     "Record",
     "RedisDedupStore",
     "SequenceMode",
     "StoreError",
     "StoreFailurePolicy",
     "StoreLockConflictError",
+    "StoreMisconfiguredError",
     "StorePoolExhaustedError",
     "StoreUnavailableError",
     "TransactionMisuseError",

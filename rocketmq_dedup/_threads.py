@@ -33,10 +33,11 @@ calls the listener from a thread per request, a pool that is rebuilt):
   thread-specific slot), so the cap alone applies. In a forked child CPython deleted the
   parent's other states: the child starts with none recorded.
 
-Whether a thread is native is read from ``threading``'s table of threads without adding to
-it (``threading.current_thread()`` would register a ``_DummyThread`` for every new native
-thread, kept for good before Python 3.13). Threads Python started (the 5.x client's, a user's
-pool) and interpreters without ``ctypes.pythonapi`` (PyPy) are left alone.
+Only the classic client's path comes here: the listener asks
+:mod:`rocketmq_dedup.adapters.classic` on a thread state's first call whether the thread is one
+Python started, and only a thread it did not start calls :func:`keep_thread_state` (threads
+Python started, the 5.x client's or a user's pool, never import this module). Interpreters
+without ``ctypes.pythonapi`` (PyPy) are left alone.
 """
 
 from __future__ import annotations
@@ -63,10 +64,7 @@ class _ThreadKept(threading.local):
     its state was kept: a per-call state forgets it)."""
 
 
-#: ``thread_kept.done``, read by the listener before each message: one attribute read, where
-#: a call to :func:`keep_thread_state` would cost a Python call more.
 thread_kept = _ThreadKept()
-_THREADS: Dict[int, threading.Thread] = threading._active  # type: ignore[attr-defined]
 
 
 class _CApi(NamedTuple):
@@ -141,16 +139,15 @@ if hasattr(os, "register_at_fork"):
 
 
 def keep_thread_state() -> None:
-    """Make the calling thread's state outlive this call if Python did not start the thread
-    (a few attribute reads once it was done; never raises)."""
+    """Make the calling thread's state outlive this call: for a thread Python did not start
+    (the caller checked: :func:`rocketmq_dedup.adapters.classic.started_by_python`); once
+    per thread; never raises."""
     if thread_kept.done:
         return
     try:
-        thread_kept.done = True  # a fresh per-call state forgets it: the check below runs
+        thread_kept.done = True  # a fresh per-call state forgets it: the next call comes back
         if _api is not None:
-            thread = _THREADS.get(threading.get_ident())
-            if thread is None or isinstance(thread, threading._DummyThread):
-                _keep(_api, _registry)
+            _keep(_api, _registry)
     except Exception:  # pragma: no cover - an optimisation must never fail a message
         pass
 

@@ -2,12 +2,16 @@
 extra (click).
 
 Stores are named by URL: ``--redis redis://[:password@]host:port/db`` (also ``rediss://`` and
-``unix://``, as redis-py reads them) or ``--mysql mysql://user[:password]@host[:port]/database``
-(``?unix_socket=/path`` accepted). Both may come from the environment instead
-(``ROCKETMQ_DEDUP_REDIS_URL``, ``ROCKETMQ_DEDUP_MYSQL_URL``), and so may the passwords
-(``REDISCLI_AUTH``, ``ROCKETMQ_DEDUP_MYSQL_PASSWORD``), to keep them off the command line.
+``unix://``, as redis-py reads them), ``--mysql mysql://user[:password]@host[:port]/database``
+(``?unix_socket=/path`` accepted) or ``--postgres postgresql://user[:password]@host[:port]/dbname``
+(any libpq URL, ``?sslmode=...`` and the like included). Each may come from the environment
+instead (``ROCKETMQ_DEDUP_REDIS_URL``, ``ROCKETMQ_DEDUP_MYSQL_URL``,
+``ROCKETMQ_DEDUP_POSTGRES_URL``), and so may the passwords (``REDISCLI_AUTH``,
+``ROCKETMQ_DEDUP_MYSQL_PASSWORD``, ``ROCKETMQ_DEDUP_POSTGRES_PASSWORD``; libpq's own
+``PGPASSWORD`` and ``~/.pgpass`` work too), to keep them off the command line.
 
-Exit status: 0 done; 1 a check failed (``check``: e.g. the table is missing or lacks a column)
+Exit status: 0 done; 1 a check failed (``check``: e.g. the table is missing or lacks a column,
+or the user may not write it; a ``warn`` line, e.g. a Redis that evicts keys, is not a failure)
 or ``release`` refused a CONSUMED record without ``--force``; 2 bad input (a bad URL, an
 unknown table outside ``check``, a key with no live record) or an unreachable store.
 """
@@ -15,24 +19,42 @@ unknown table outside ``check``, a key with no live record) or an unreachable st
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from rocketmq_dedup.errors import DedupError, MissingExtraError
+from rocketmq_dedup.horizon import DEFAULT_MAX_RECONSUME_TIMES, redelivery_horizon_ms
 
 try:
     import click
 except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     raise MissingExtraError("click", "cli") from exc
 
+from rocketmq_dedup.config import DEFAULT_RECORD_RESERVE_MINUTES
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.owner import claimed_at
 from rocketmq_dedup.stores import make_store
-from rocketmq_dedup.stores.base import DedupStore, Record
+from rocketmq_dedup.stores.base import PROBE_APPLICATION, DedupStore, Record
 from rocketmq_dedup.stores.mysql import DEFAULT_TABLE_NAME, MySQLDedupStore, schema_statements
+from rocketmq_dedup.stores.postgres import PostgresDedupStore
+from rocketmq_dedup.stores.postgres import schema_statements as postgres_schema_statements
 from rocketmq_dedup.stores.redis import DEFAULT_KEY_PREFIX
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,7 +75,7 @@ def _version() -> str:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", "-V", prog_name="rocketmq-dedup")
 def cli() -> None:
-    """Look at and repair rocketmq-dedup's records in Redis or MySQL."""
+    """Look at and repair rocketmq-dedup's records in Redis, MySQL or PostgreSQL."""
 
 
 # -- store options -------------------------------------------------------------------------------
@@ -72,15 +94,24 @@ def _wraps(function: Callable[..., Any]) -> Callable[[Callable[..., Any]], Calla
     return decorate
 
 
-def store_options(function: Callable[..., Any]) -> Callable[..., Any]:
-    """--redis/--mysql/--table/--key-prefix, resolved into the ``store`` argument (checked
-    once: an unreachable store is exit status 2)."""
+def store_options(function: Callable[..., Any], required: bool = True) -> Callable[..., Any]:
+    """--redis/--mysql/--postgres/--table/--key-prefix, resolved into the ``store`` argument
+    (checked once: an unreachable store is exit status 2); None when not ``required`` and not
+    named."""
 
     @_wraps(function)
     def with_store(
-        redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str, **kw: Any
+        redis_url: Optional[str],
+        mysql_url: Optional[str],
+        postgres_url: Optional[str],
+        table: str,
+        key_prefix: str,
+        **kw: Any,
     ) -> Any:
-        return function(store=open_store(redis_url, mysql_url, table, key_prefix), **kw)
+        urls = StoreUrls(redis_url, mysql_url, postgres_url)
+        if not required and not any(urls):
+            return function(store=None, **kw)
+        return function(store=open_store(urls, table, key_prefix), **kw)
 
     options = [
         click.option(
@@ -97,7 +128,20 @@ def store_options(function: Callable[..., Any]) -> Callable[..., Any]:
             metavar="URL",
             help="mysql://user[:password]@host[:port]/database (env ROCKETMQ_DEDUP_MYSQL_URL).",
         ),
-        click.option("--table", default=DEFAULT_TABLE_NAME, show_default=True, help="MySQL table."),
+        click.option(
+            "--postgres",
+            "postgres_url",
+            envvar="ROCKETMQ_DEDUP_POSTGRES_URL",
+            metavar="URL",
+            help="postgresql://user[:password]@host[:port]/dbname "
+            "(env ROCKETMQ_DEDUP_POSTGRES_URL).",
+        ),
+        click.option(
+            "--table",
+            default=DEFAULT_TABLE_NAME,
+            show_default=True,
+            help="MySQL or PostgreSQL table.",
+        ),
         click.option(
             "--key-prefix", default=DEFAULT_KEY_PREFIX, show_default=True, help="Redis prefix."
         ),
@@ -108,21 +152,35 @@ def store_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-def open_store(
-    redis_url: Optional[str], mysql_url: Optional[str], table: str, key_prefix: str
-) -> DedupStore:
+class StoreUrls(NamedTuple):
+    """The store URLs given (one of them names the store)."""
+
+    redis: Optional[str]
+    mysql: Optional[str]
+    postgres: Optional[str]
+
+
+def open_store(urls: StoreUrls, table: str, key_prefix: str) -> DedupStore:
     """The store the options name, checked once (an unreachable store is exit status 2)."""
-    if bool(redis_url) == bool(mysql_url):
-        raise UsageProblem("name one store: --redis URL or --mysql URL")
-    if redis_url:
-        store = make_store(_redis_client(redis_url), key_prefix=key_prefix)
+    if sum(map(bool, urls)) != 1:
+        raise UsageProblem("name one store: --redis URL, --mysql URL or --postgres URL")
+    if urls.redis:
+        store = make_store(_redis_client(urls.redis), key_prefix=key_prefix)
+    elif urls.mysql:
+        store = make_store(mysql_factory(urls.mysql), table_name=table)
     else:
-        store = make_store(mysql_factory(str(mysql_url)), table_name=table)
+        store = make_store(postgres_factory(str(urls.postgres)), table_name=table)
     try:
         store.check()
     except DedupError as exc:
-        raise UsageProblem(f"cannot reach {store.describe()}: {exc.__cause__ or exc}") from exc
+        cause = one_line(exc.__cause__ or exc)
+        raise UsageProblem(f"cannot reach {store.describe()}: {cause}") from exc
     return store
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (a server's may span several: libpq adds hints)."""
+    return " ".join(str(exc).split())
 
 
 def _redis_client(url: str) -> Any:
@@ -178,6 +236,33 @@ def mysql_factory(url: str) -> Callable[[], Any]:
             "MySQL needs a driver: pip install 'rocketmq-dedup[mysql]' (or PyMySQL)"
         ) from exc
     return functools.partial(pymysql.connect, **params)
+
+
+def postgres_factory(url: str) -> Callable[[], Any]:
+    """A psycopg connection factory for ``postgresql://user:password@host:port/dbname`` (a
+    ``functools.partial`` of ``psycopg.connect``, as make_store recognises it)."""
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError as exc:
+        raise UsageProblem(
+            "PostgreSQL needs psycopg: pip install 'rocketmq-dedup[postgres]'"
+        ) from exc
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise UsageProblem(
+            f"bad PostgreSQL URL {url!r}: expected postgresql://user[:password]@host[:port]/dbname"
+        )
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        params = conninfo_to_dict(url)
+    except (ValueError, psycopg.Error) as exc:
+        raise UsageProblem(f"bad PostgreSQL URL {url!r}: {one_line(exc)}") from exc
+    options: Dict[str, Any] = {"connect_timeout": 5}
+    password = os.environ.get("ROCKETMQ_DEDUP_POSTGRES_PASSWORD")
+    if password and "password" not in params:
+        options["password"] = password
+    return functools.partial(psycopg.connect, url, **options)
 
 
 def element_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -238,12 +323,24 @@ def record_rows(record: Record) -> List[Tuple[str, str]]:
 
 @cli.command()
 @store_options
-def check(store: DedupStore) -> None:
-    """Check the server, its version and the features used."""
+@click.option(
+    "--app",
+    default=PROBE_APPLICATION,
+    show_default=True,
+    help="The application whose key space the write check's probe records use.",
+)
+def check(store: DedupStore, app: str) -> None:
+    """Check the server, its version, the features used, and that the store can claim and
+    release (probe records, claimed and released)."""
     click.echo(store.describe())
-    results = store.diagnose()
+    results = store.diagnose(app)
     for result in results:
-        mark = click.style("ok  ", fg="green") if result.ok else click.style("FAIL", fg="red")
+        if not result.ok:
+            mark = click.style("FAIL", fg="red")
+        elif result.warning:
+            mark = click.style("warn", fg="yellow")
+        else:
+            mark = click.style("ok  ", fg="green")
         click.echo(f"  {mark} {result.name}: {result.detail}")
     if not all(r.ok for r in results):
         raise click.ClickException("some checks failed")
@@ -283,16 +380,68 @@ def release(store: DedupStore, element: DedupElement, force: bool) -> None:
     click.echo(f"deleted the {deleted.value} record of {element.key!r}")
 
 
+def retention_rows(
+    record: Record, retention_minutes: Optional[float], max_reconsume_times: int
+) -> List[Tuple[str, str]]:
+    """The oldest CONSUMED record's age against the retention and the redelivery horizon. Its
+    age comes from its owner token's time (then the retention is about age + time left), else
+    from the retention given (age = retention - time left)."""
+    left = record.expires_in_ms or 0
+    at = claimed_at(record.owner or "")
+    given = None if retention_minutes is None else retention_minutes * 60_000
+    if at is not None:
+        age = max(0.0, (time.time() - at) * 1000)
+        retention, how = (given, "given") if given is not None else (age + left, "about")
+    else:
+        retention = given if given is not None else DEFAULT_RECORD_RESERVE_MINUTES * 60_000
+        age, how = max(0.0, retention - left), "given" if given is not None else "the default"
+    horizon = redelivery_horizon_ms(max_reconsume_times)
+    horizon_text = f"{duration(horizon)} ({max_reconsume_times} retries)"
+    if retention < horizon:
+        horizon_text += click.style(
+            " LONGER than the retention: a late redelivery runs again", fg="red"
+        )
+    element = record.element
+    return [
+        ("age", f"{duration(age)} ({element.topic} {element.key})" if element else duration(age)),
+        ("time left", duration(left)),
+        ("retention", f"{duration(retention)} ({how})"),
+        ("redelivery horizon", horizon_text),
+    ]
+
+
 @cli.command()
 @store_options
 @click.option("--app", required=True, help="The application name of the config.")
 @click.option("--limit", default=10, show_default=True, help="How many claims to list.")
-def stats(store: DedupStore, app: str, limit: int) -> None:
-    """Records of an application by status; oldest claims."""
+@click.option(
+    "--retention-minutes",
+    type=float,
+    help="The config's dedup_record_reserve_minutes (default: read from the oldest record's "
+    "owner token, else 1440).",
+)
+@click.option(
+    "--max-reconsume-times",
+    default=DEFAULT_MAX_RECONSUME_TIMES,
+    show_default=True,
+    help="The group's retries before the DLQ, for the redelivery horizon.",
+)
+def stats(
+    store: DedupStore,
+    app: str,
+    limit: int,
+    retention_minutes: Optional[float],
+    max_reconsume_times: int,
+) -> None:
+    """Records of an application by status; oldest claims; the oldest CONSUMED record's age
+    against the retention."""
     result = store.stats(app, limit)
     click.echo(f"{store.describe()}, application {app!r}")
     rows = [(name, f"{count:,}") for name, count in sorted(result.counts.items())]
     print_table(rows or [("records", "0")])
+    if result.oldest_consumed is not None:
+        click.echo("oldest CONSUMED record:")
+        print_table(retention_rows(result.oldest_consumed, retention_minutes, max_reconsume_times))
     if result.oldest_claims:
         click.echo("longest-held CONSUMING claims:")
         now = time.time()
@@ -322,9 +471,11 @@ def stats(store: DedupStore, app: str, limit: int) -> None:
 @click.option("--batch-size", default=1000, show_default=True, help="Rows per step.")
 @click.option("--dry-run", is_flag=True, help="Count the expired rows; delete nothing.")
 def purge(store: DedupStore, batch_size: int, dry_run: bool) -> None:
-    """Delete expired MySQL rows, with progress."""
-    if not isinstance(store, MySQLDedupStore):
-        raise UsageProblem("Redis expires its records by itself: purge is for --mysql")
+    """Delete expired MySQL or PostgreSQL rows, with progress."""
+    if not isinstance(store, (MySQLDedupStore, PostgresDedupStore)):
+        raise UsageProblem(
+            "Redis expires its records by itself: purge is for --mysql and --postgres"
+        )
     with click.progressbar(length=0, label="scanning", show_pos=True) as bar:
 
         def progress(scanned: int, expired: int) -> None:
@@ -354,6 +505,57 @@ def schema_mysql(table: str) -> None:
     click.echo("\n\n".join(s + ";" for s in statements))
 
 
+@schema.command("postgres")
+@click.option("--table", default=DEFAULT_TABLE_NAME, show_default=True, help="Table name.")
+def schema_postgres(table: str) -> None:
+    """The statements of the PostgreSQL store's table: CREATE TABLE and its column comments
+    (what create_table() runs)."""
+    try:
+        statements = postgres_schema_statements(table)
+    except DedupError as exc:
+        raise UsageProblem(str(exc)) from exc
+    click.echo(";\n".join(statements) + ";")
+
+
+def kit_files() -> Iterator[Tuple[str, Traversable]]:
+    """The operator kit shipped in the package (``rocketmq_dedup/ops``): each file's path in
+    the kit (``prometheus/rocketmq-dedup.rules.yml``...) and the file."""
+
+    def walk(folder: Traversable, prefix: str) -> Iterator[Tuple[str, Traversable]]:
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.is_dir():
+                yield from walk(entry, f"{prefix}{entry.name}/")
+            elif not entry.name.startswith((".", "__")):
+                yield f"{prefix}{entry.name}", entry
+
+    return walk(importlib.resources.files("rocketmq_dedup").joinpath("ops"), "")
+
+
+@cli.group()
+def ops() -> None:
+    """The operator kit: Prometheus alerting rules, their promtool tests, a Grafana
+    dashboard."""
+
+
+@ops.command("export")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite files that exist.")
+def ops_export(directory: Path, force: bool) -> None:
+    """Write the kit's files into DIRECTORY (prometheus/, grafana/), as shipped with this
+    version; files that exist are left alone unless --force."""
+    files = list(kit_files())
+    existing = [name for name, _ in files if (directory / name).exists()]
+    if existing and not force:
+        raise UsageProblem(
+            f"{', '.join(str(directory / n) for n in existing)} exist(s): --force overwrites"
+        )
+    for name, source in files:
+        target = directory / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        click.echo(str(target))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point; returns the process exit status. Errors are one line, never a
     traceback."""
@@ -368,13 +570,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         click.echo("aborted", err=True)
         return 130
     except (DedupError, NotImplementedError) as exc:
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {one_line(exc)}", err=True)
         return 2
     except Exception as exc:  # a server error mid-command: one line, not a traceback
-        click.echo(f"Error: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"Error: {type(exc).__name__}: {one_line(exc)}", err=True)
         return 2
     return 0
 
+
+from rocketmq_dedup.cli_dlq import dlq  # noqa: E402 - its commands use the helpers above
+
+cli.add_command(dlq)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -10,15 +10,14 @@ setting assigned while messages flow applies from the next batch, never half-way
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-import functools
 import math
 from typing import (
     Any,
     Callable,
     Dict,
     Generic,
-    NamedTuple,
     Optional,
     Type,
     TypeVar,
@@ -27,14 +26,16 @@ from typing import (
 )
 
 from rocketmq_dedup.errors import DedupConfigError
+from rocketmq_dedup.horizon import DEFAULT_MAX_RECONSUME_TIMES, redelivery_horizon_ms
 from rocketmq_dedup.metrics import DedupMetrics
+from rocketmq_dedup.metrics.meter import Meter, meter_for
 from rocketmq_dedup.status import (
     ExactlyOnceClaim,
     PayloadMismatch,
     SequenceMode,
     StoreFailurePolicy,
 )
-from rocketmq_dedup.stores import STORE_OPTIONS, check_reachable, make_store
+from rocketmq_dedup.stores import STORE_OPTIONS, check_usable, make_store
 from rocketmq_dedup.stores.base import DedupStore
 
 T = TypeVar("T")
@@ -53,6 +54,9 @@ BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
 
 #: The most ``local_retries`` a message may get before RECONSUME_LATER.
 MAX_LOCAL_RETRIES = 100
+#: The largest ``max_reconsume_times`` (past the last delay level each retry waits 2 h: this
+#: many is over 14 years of retries).
+MAX_RECONSUME_TIMES = 65_535
 _METRICS_METHODS = ("message", "store_operation", "leases")
 
 
@@ -61,12 +65,14 @@ def fits_bigint(value: int) -> bool:
     return BIGINT_MIN <= value <= BIGINT_MAX
 
 
-class Snapshot(NamedTuple):
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
     """The settings as a listener uses them, read once per batch (:meth:`DedupConfig.snapshot`):
-    durations in whole milliseconds, choices as enums or flags."""
+    durations in whole milliseconds, choices as enums or flags. Frozen, with slots: a message
+    reads several of its fields, each as fast as an attribute can be read (a NamedTuple's
+    field is a descriptor call)."""
 
     application_name: str
-    store: Optional[DedupStore]
     lease_ms: int
     retention_ms: int
     max_processing_ms: int
@@ -76,11 +82,9 @@ class Snapshot(NamedTuple):
     store_failure_policy: StoreFailurePolicy
     lease_renewal: bool
     metrics: Optional[DedupMetrics]
-    metrics_handled: Optional[Callable[..., None]]
-    """``metrics.handled`` (:meth:`DedupMetrics.handled`), or its three calls for a metrics
-    object without it; None without metrics."""
-    metrics_start_time: bool
-    """Whether the decisions carry ``started_ns`` (:attr:`DedupMetrics.wants_start_time`)."""
+    meter: Meter
+    """What the consume path reports to ``metrics`` (:mod:`rocketmq_dedup.metrics.meter`):
+    chosen here, once, so that a message without metrics has no metrics branch."""
     payload_mismatch: PayloadMismatch
     sequence_mode: SequenceMode
     sequence_start: int
@@ -88,6 +92,8 @@ class Snapshot(NamedTuple):
     in_progress_wait_ms: int
     local_retries: int
     local_retry_backoff_ms: int
+    max_reconsume_times: int
+    max_delivery_delay_ms: int
 
 
 class Setting(Generic[T]):
@@ -195,12 +201,15 @@ def _bigint(name: str, value: Any) -> int:
     return value
 
 
-def _retries(name: str, value: Any) -> int:
-    if type(value) is not int or not 0 <= value <= MAX_LOCAL_RETRIES:
-        raise DedupConfigError(
-            f"{name} must be an int from 0 to {MAX_LOCAL_RETRIES}; got {value!r}"
-        )
-    return value
+def _count(most: int) -> Callable[[str, Any], int]:
+    """An int from 0 to ``most``."""
+
+    def check(name: str, value: Any) -> int:
+        if type(value) is not int or not 0 <= value <= most:
+            raise DedupConfigError(f"{name} must be an int from 0 to {most:,}; got {value!r}")
+        return value
+
+    return check
 
 
 class DedupConfig:
@@ -277,7 +286,7 @@ class DedupConfig:
     )
     local_retries = Setting[int](
         0,
-        _retries,
+        _count(MAX_LOCAL_RETRIES),
         "local_retries",
         "How many more times a failed handler runs in place (the claim still held) before "
         "the message is answered RECONSUME_LATER; 0 (the default) leaves every retry to the "
@@ -313,6 +322,23 @@ class DedupConfig:
         "The sequence number an entity never seen expects under 'strict' (a signed 64-bit int).",
     )
 
+    max_reconsume_times = Setting[int](
+        DEFAULT_MAX_RECONSUME_TIMES,
+        _count(MAX_RECONSUME_TIMES),
+        "max_reconsume_times",
+        "How many times the broker retries a failed message before the DLQ (the Java "
+        "consumer's maxReconsumeTimes; the consumer group's retryMaxTimes on the server): with "
+        "max_delivery_delay_minutes it gives the redelivery horizon, and a listener warns when "
+        "it is made if dedup_record_reserve_minutes is shorter. Changes nothing on the broker.",
+    )
+    max_delivery_delay_minutes = Setting[float](
+        0,
+        _duration(60_000, zero=True),
+        "max_delivery_delay_ms",
+        "The longest delay your producers give a message (delayed and timer messages), in "
+        "minutes: added to the redelivery horizon (max_reconsume_times). 0 by default.",
+    )
+
     def __init__(
         self,
         application_name: str,
@@ -340,10 +366,16 @@ class DedupConfig:
         self._used: Dict[str, Any] = {}
         self._snapshot: Optional[Snapshot] = None
         self.application_name = application_name
-        self.persist = persist if enabled else None
+        #: Where the records live (None with dedup disabled); ``persist``, the Java name.
+        self.store: Optional[DedupStore] = persist if enabled else None
         self.enabled = bool(enabled)
         for name, setting in _SETTINGS.items():
             setattr(self, name, settings.get(name, setting.default))
+
+    @property
+    def persist(self) -> Optional[DedupStore]:
+        """The store (:attr:`store`), by the Java original's name."""
+        return self.store
 
     @classmethod
     def settings(cls) -> Dict[str, Any]:
@@ -364,10 +396,15 @@ class DedupConfig:
             (e.g. ``functools.partial(MySQLdb.connect, ...)``); a SQLAlchemy ``Engine``; or a
             store object (a :class:`DedupStore`, or any object with ``claim``,
             ``mark_consumed`` and ``release``).
-        :param check_store: reach the store once now (Redis ``PING``; MySQL connect and
-            ``SELECT 1``) and raise :class:`DedupConfigError` naming its address if that fails,
-            so a wrong address is found at start-up. ``False`` starts without the store (the
-            ``store_failure_policy`` then applies per message until it is reachable).
+        :param check_store: check the store now: reach it (Redis ``PING``; MySQL connect),
+            prove it can claim and release (probe records of this application, claimed and
+            released through the store's own writes; on MySQL once the table exists, else in
+            ``create_table()``) and log at WARNING a setting that puts records at risk (a
+            Redis ``maxmemory-policy`` that evicts keys). A failure raises
+            :class:`DedupConfigError` naming the address, the missing privilege or ACL rule,
+            or the read-only server, so it is found at start-up. ``False`` starts without the
+            check (an outage then follows ``store_failure_policy`` per message; a refusal a
+            person must fix is answered RECONSUME_LATER).
         :param options: the settings (:meth:`settings`), plus the store's: ``table_name``,
             ``pool_size`` and ``pool_timeout`` (MySQL), ``key_prefix`` (Redis).
         """
@@ -379,7 +416,7 @@ class DedupConfig:
         settings = {k: v for k, v in options.items() if k in _SETTINGS}
         config = cls(application_name, store, **settings)  # settings fail before any I/O
         if check_store:
-            check_reachable(store)
+            check_usable(store, application_name)
         return config
 
     @classmethod
@@ -395,16 +432,10 @@ class DedupConfig:
         if snapshot is None:
             used = self._used
             hold_ms = used["max_processing_ms"] if used["lease_renewal"] else used["lease_ms"]
-            metrics = used["metrics"]
-            handled = getattr(metrics, "handled", None)
-            if metrics is not None and not callable(handled):
-                handled = functools.partial(DedupMetrics.handled, metrics)
             snapshot = self._snapshot = Snapshot(
                 application_name=self.application_name,
-                store=self.persist,
                 hold_ms=hold_ms,
-                metrics_handled=handled,
-                metrics_start_time=getattr(metrics, "wants_start_time", True),
+                meter=meter_for(used["metrics"], self.application_name),
                 **used,
             )
         return snapshot
@@ -424,13 +455,22 @@ class DedupConfig:
         """``max_processing_milli_seconds`` in whole milliseconds."""
         return self.snapshot().max_processing_ms
 
+    @property
+    def redelivery_horizon_ms(self) -> int:
+        """How long after a message is consumed the broker may still deliver a copy of it
+        (:mod:`rocketmq_dedup.horizon`): ``max_reconsume_times`` retries on RocketMQ's
+        default delay levels, plus ``max_delivery_delay_minutes``. Keep CONSUMED records at
+        least this long (``dedup_record_reserve_minutes``)."""
+        snap = self.snapshot()
+        return redelivery_horizon_ms(snap.max_reconsume_times, snap.max_delivery_delay_ms)
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the connections the store opened itself (never the user's client). The store
         reconnects if it is used again."""
-        if self.persist is not None:
-            self.persist.close()
+        if self.store is not None:
+            self.store.close()
 
     def __enter__(self) -> DedupConfig:
         return self
@@ -440,7 +480,7 @@ class DedupConfig:
 
     def __repr__(self) -> str:
         snap = self.snapshot()
-        store = self.persist.describe() if self.persist is not None else None
+        store = self.store.describe() if self.store is not None else None
         return (
             f"DedupConfig(application_name={self.application_name!r}, enabled={self.enabled}, "
             f"persist={store!r}, lease_ms={snap.lease_ms}, retention_ms={snap.retention_ms}, "

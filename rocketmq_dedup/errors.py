@@ -27,6 +27,25 @@ class StoreUnavailableError(StoreError):
     config's ``store_failure_policy``."""
 
 
+class StoreMisconfiguredError(StoreError):
+    """The store refused an operation for a reason that will not pass by itself: a person must
+    fix the configuration. The account lacks a privilege (MySQL/MariaDB 1142 "INSERT command
+    denied", 1044/1045 access denied) or an ACL rule (Redis ``NOPERM``), or the server takes no
+    writes (a MariaDB in ``read_only`` mode, 1290; a Redis replica, ``READONLY``). Never an
+    outage: the listener logs it at ERROR and answers RECONSUME_LATER whatever
+    ``store_failure_policy`` says (running handlers without dedup until someone notices would
+    apply duplicates). The start-up check raises it (as :class:`DedupConfigError`) before the
+    first message.
+
+    ``fix`` says what to change (the privilege to grant, the ACL rule, the server to point at);
+    the message ends with it. The driver's error is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(f"{message} ({fix})")
+        self.fix = fix
+
+
 class StorePoolExhaustedError(StoreError):
     """No connection of the store's pool came free in time: all of the MySQL store's
     ``pool_size`` connections stayed busy for ``pool_timeout``, or the bounded pool of a
@@ -53,6 +72,11 @@ class TransactionMisuseError(DedupError):
     gives that connection to another message."""
 
 
+class BrokerError(DedupError):
+    """The RocketMQ name server or broker could not be reached, or refused a request of the
+    operator's dead-letter tool (``rocketmq-dedup dlq``): the message says which and why."""
+
+
 class MissingExtraError(DedupError, ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 
@@ -60,3 +84,11 @@ class MissingExtraError(DedupError, ImportError):
         super().__init__(f"{module!r} is not installed: pip install 'rocketmq-dedup[{extra}]'")
         self.module = module
         self.extra = extra
+
+
+class ClientConflictError(DedupError, ImportError):
+    """Both RocketMQ clients are installed in one environment: the classic
+    ``rocketmq-client-python`` (``[rocketmq]``) and the 5.x ``rocketmq-python-client``
+    (``[rocketmq5]``) install the same top-level package ``rocketmq`` over each other, so
+    neither is whole. Raised when an adapter is used; the message says which one's files the
+    shared package now has and how to get back to one client."""

@@ -37,7 +37,6 @@ RenewalCallback = Callable[[int, int, float, bool], None]
 
 #: A held claim: its lease (ms) and when renewal gives up on it (time.monotonic()).
 _Held = Tuple[Claim, int, float]
-_monotonic = time.monotonic  # (read per message: a module global, not an attribute)
 
 
 class LeaseKeeper:
@@ -50,10 +49,7 @@ class LeaseKeeper:
     def __init__(self, store: DedupStore, on_renewal: Optional[RenewalCallback] = None) -> None:
         self.store = store
         self.on_renewal = on_renewal
-        self._held: Dict[str, _Held] = {}  # by owner token; never rebound (drop_owner is its pop)
-        #: ``drop_owner(owner, None)``: stop renewing the claim of that owner token (the handler
-        #: finished). The dict's own ``pop``: the path of every message pays no Python call.
-        self.drop_owner: Callable[[str, None], Optional[_Held]] = self._held.pop
+        self._held: Dict[str, _Held] = {}  # by owner token
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._interval = 0.0  # the renewal thread's current wait, seconds
@@ -76,7 +72,7 @@ class LeaseKeeper:
     def hold(self, claims: Sequence[Claim], lease_ms: int, max_processing_ms: int) -> None:
         """Start renewing these claims, each to ``lease_ms``, until :meth:`drop` or until
         ``max_processing_ms`` from now."""
-        give_up = _monotonic() + max_processing_ms / 1000
+        give_up = time.monotonic() + max_processing_ms / 1000
         held = self._held
         for claim in claims:
             held[claim.owner] = (claim, lease_ms, give_up)  # a dict store: atomic under the GIL
@@ -85,7 +81,7 @@ class LeaseKeeper:
 
     def hold_one(self, claim: Claim, lease_ms: int, max_processing_ms: int) -> None:
         """:meth:`hold` of one claim (the single-message path, without its loop)."""
-        self._held[claim[1]] = (claim, lease_ms, _monotonic() + max_processing_ms / 1000)
+        self._held[claim.owner] = (claim, lease_ms, time.monotonic() + max_processing_ms / 1000)
         if lease_ms < self._served_lease_ms:
             self._serve(lease_ms)
 
@@ -114,6 +110,10 @@ class LeaseKeeper:
         pop = self._held.pop
         for claim in claims:
             pop(claim.owner, None)
+
+    def drop_one(self, claim: Claim) -> None:
+        """:meth:`drop` of one claim (the single-message path, without its loop)."""
+        self._held.pop(claim.owner, None)
 
     def close(self) -> None:
         """Stop renewing anything and end the thread (a later :meth:`hold` renews nothing)."""
@@ -227,6 +227,6 @@ def _after_fork(ref: weakref.ref[LeaseKeeper]) -> None:
     keeper = ref()
     if keeper is not None:
         keeper._lock = threading.Lock()
-        keeper._held.clear()  # (cleared, not replaced: drop_owner is its pop)
+        keeper._held = {}
         keeper._thread, keeper._served_lease_ms = None, math.inf
         keeper._wake = threading.Event()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import abc
+import inspect
 import logging
 import threading
 from typing import Any, Callable, Iterable, List, Optional, TypeVar
 
-from rocketmq_dedup._threads import keep_thread_state, thread_kept
+from rocketmq_dedup.adapters.classic import callback_thread, first_call_on_thread
 from rocketmq_dedup.config import DedupConfig
+from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.hooks import Hooks
+from rocketmq_dedup.horizon import warn_if_retention_short
 from rocketmq_dedup.message import message_id
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus
 from rocketmq_dedup.strategy import BatchResult, Strategy, make_strategy
@@ -17,6 +20,16 @@ from rocketmq_dedup.strategy import BatchResult, Strategy, make_strategy
 logger = logging.getLogger(__name__)
 
 L = TypeVar("L", bound="BaseDedupListener")
+
+#: The methods a user writes that the listener calls (``sequence_key``: the exactly-once
+#: listener's); none may be ``async def`` (:meth:`BaseDedupListener._refuse_async`).
+USER_METHODS = (
+    "do_handle_msg",
+    "dedup_message_key",
+    "payload_fingerprint",
+    "on_duplicate",
+    "sequence_key",
+)
 
 
 class BaseDedupListener(abc.ABC):
@@ -30,19 +43,33 @@ class BaseDedupListener(abc.ABC):
     use :mod:`rocketmq_dedup.adapters.grpc`.
 
     ``do_handle_msg`` is looked up at each message; ``dedup_message_key`` and the optional
-    hooks are read once, when the listener is made: override them in the subclass.
+    hooks are read once, when the listener is made: override them in the subclass. They are
+    called from the client's callback threads, with no event loop: an ``async def`` among them
+    is refused when the listener is made (:class:`DedupConfigError`), since its coroutine would
+    never run.
 
     :param dedup_config: where and how to dedup; None disables dedup (as in the Java original).
+        A warning is logged when its ``dedup_record_reserve_minutes`` is shorter than the
+        broker's redelivery horizon (:mod:`rocketmq_dedup.horizon`).
     """
 
     #: The business logic; each kind of listener declares its own signature.
     do_handle_msg: Callable[..., Any]
 
     def __init__(self, dedup_config: Optional[DedupConfig] = None) -> None:
+        self._refuse_async()
         self.dedup_config = dedup_config
         self._strategy = self._make_strategy(dedup_config, self._hooks())
         if dedup_config is None:
             logger.info("%s has no DedupConfig: dedup is disabled", type(self).__name__)
+        elif dedup_config.enabled:  # at start: records kept shorter than the retries last
+            snap = dedup_config.snapshot()
+            warn_if_retention_short(
+                snap.application_name,
+                snap.retention_ms,
+                snap.max_reconsume_times,
+                snap.max_delivery_delay_ms,
+            )
 
     def _hooks(self) -> Hooks:
         """This listener's methods for its strategy, bound once: the optional ones only when
@@ -56,6 +83,23 @@ class BaseDedupListener(abc.ABC):
                 self.payload_fingerprint if self._overrides("payload_fingerprint") else None
             ),
         )
+
+    def _refuse_async(self) -> None:
+        """Raise :class:`DedupConfigError` for an ``async def`` handler or hook: the listener
+        runs on the client's threads with no event loop, so its coroutine would never be
+        awaited and the message would be retried until the DLQ."""
+        for name in USER_METHODS:
+            method = getattr(self, name, None)
+            if inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method):
+                raise DedupConfigError(
+                    f"{type(self).__qualname__}.{name} is an async def: the listener calls it "
+                    "from the RocketMQ client's threads, which run no event loop, so its "
+                    "coroutine would never run and every message would be retried until the "
+                    f"DLQ. Define {name} with def; to call async code from it, run the "
+                    "coroutine to completion there (asyncio.run(...), or "
+                    "asyncio.run_coroutine_threadsafe(coro, loop).result() on a loop your "
+                    "application runs). asyncio listeners are not supported yet."
+                )
 
     def _overrides(self, name: str) -> bool:
         return getattr(type(self), name) is not getattr(BaseDedupListener, name, None)
@@ -93,9 +137,13 @@ class BaseDedupListener(abc.ABC):
         nothing."""
 
     def __call__(self, msg: Any) -> ConsumeStatus:
-        """Consume one message; never raises into a client's callback (see :meth:`close`)."""
-        if not thread_kept.done:  # the thread's first call, or a native thread's per-call state
-            keep_thread_state()  # a native callback thread keeps its Python state (_threads)
+        """Consume one message; never raises into a client's callback (see :meth:`close`).
+
+        The classic client calls this from librocketmq's native threads: on a thread state's
+        first call, a thread Python did not start keeps its Python thread state from then on
+        (:mod:`rocketmq_dedup.adapters.classic`); threads Python started are left alone."""
+        if not callback_thread.seen:  # this thread state's first call
+            first_call_on_thread()
         try:
             return self._strategy.consume_one(msg)
         except BaseException as exc:

@@ -15,8 +15,6 @@ import os
 import time
 from typing import Optional
 
-_time = time.time  # (read per message: a module global, not an attribute)
-
 
 class _OwnerTokens:
     """Unique claim tokens: a random per-process prefix plus a counter, stamped with the time
@@ -36,7 +34,7 @@ class _OwnerTokens:
 
     def next(self) -> str:
         """A new token."""
-        now = _time()
+        now = time.time()
         if now >= self._next_second:
             second = int(now)
             self._stamp, self._next_second = f"@{second}", second + 1

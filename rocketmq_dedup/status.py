@@ -93,6 +93,9 @@ class Outcome(enum.StrEnum):
     STORE_ERROR_LATER = "store_error_later"
     """The store was unavailable under the ``reconsume_later`` policy, or failed with a defect:
     RECONSUME_LATER."""
+    STORE_MISCONFIGURED = "store_misconfigured"
+    """The store refused for a reason a person must fix (a missing privilege or ACL rule, a
+    read-only server): RECONSUME_LATER whatever ``store_failure_policy`` says."""
     PAYLOAD_MISMATCH = "payload_mismatch"
     """A duplicate key whose payload fingerprint differs from the first copy's: answered as the
     duplicate it claims to be with ``payload_mismatch="warn"`` (the default), RECONSUME_LATER

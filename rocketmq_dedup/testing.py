@@ -5,19 +5,33 @@
   covers the listener on either client (``rocketmq_dedup.message`` reads both alike);
 * :class:`ManualClock`: a clock the test moves; give it to
   ``MemoryDedupStore(clock=...)`` and a lease or a retention lapses when the test says so;
-* :func:`deliver`: delivers one message N times to a listener, one after another or
-  concurrently, and returns a :class:`Delivered` report: what the handler saw and what the
-  broker was answered.
+* :func:`deliver`: delivers one message (once by default, or N times) to a listener, one after
+  another or concurrently, and returns a :class:`Delivered` report: what the handler saw and
+  what the broker was answered;
+* :func:`plant_crashed_claim`: the claim a consumer that crashed in its handler leaves behind
+  (CONSUMING, another owner, renewed by nobody), to test what the next delivery gets before
+  and after its lease lapses.
+
+The pytest plugin (:mod:`rocketmq_dedup.pytest_plugin`, registered when the package is
+installed) gives these as fixtures: ``dedup_clock``, ``dedup_store`` (a memory store on that
+clock) and ``make_dedup_listener`` (your listener class on that store, closed after the test).
 
 A test::
 
-    clock = ManualClock()
-    config = DedupConfig.enable_dedup_consume_config("orders", MemoryDedupStore(clock=clock))
-    report = deliver(OrderListener(config), ClassicMessage("m1", keys=b"order-1"), times=2)
-    assert report.handler_runs == 1 and report.acked == 2
+    def test_a_redelivered_order_runs_once(make_dedup_listener):
+        listener = make_dedup_listener(OrderListener)
+        report = deliver(listener, ClassicMessage("m1", keys=b"order-1"), times=2)
+        assert report.handler_runs == 1 and report.acked == 2
+
+Lease renewal runs on real time: a listener renews the leases of running handlers from a
+thread, every third of a lease of wall-clock time, and ``ManualClock.advance`` does not wake
+it. Moving the clock past a lease while a handler is still running (from inside
+``do_handle_msg``, or a thread) lapses that claim at once, where in production renewal would
+have kept it; test a stalled handler with ``lease_renewal=False`` to say so.
 
 This module imports no optional dependency and starts no thread unless
-``deliver(..., concurrently=True)`` asks for it.
+``deliver(..., concurrently=True)`` asks for it (the listener's own lease renewal starts one
+per claim held, ended by ``listener.close()`` or a renewal interval after the last claim).
 """
 
 from __future__ import annotations
@@ -27,11 +41,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
 
-from rocketmq_dedup.listener import BaseDedupListener
-from rocketmq_dedup.message import UNIQ_KEY_PROPERTY
+from rocketmq_dedup.listener import BaseDedupListener, DedupConcurrentListener
+from rocketmq_dedup.message import UNIQ_KEY_PROPERTY, DedupElement, message_topic_tag
+from rocketmq_dedup.owner import new_owner_token
 from rocketmq_dedup.status import ConsumeStatus
+from rocketmq_dedup.stores.base import Claim
+from rocketmq_dedup.strategy.rules import key_text
 
-__all__ = ["ClassicMessage", "Delivered", "GrpcMessage", "ManualClock", "deliver"]
+__all__ = [
+    "ClassicMessage",
+    "Delivered",
+    "GrpcMessage",
+    "ManualClock",
+    "deliver",
+    "plant_crashed_claim",
+]
 
 Text = Union[str, bytes]
 
@@ -140,7 +164,7 @@ class Delivered:
     """What :func:`deliver` saw: the broker's answer to each delivery, in delivery order,
     and the messages the handler was called with, in the order it was called."""
 
-    answers: Tuple[Any, ...]
+    answers: Tuple[ConsumeStatus, ...]
     """What each delivery was answered (``ConsumeStatus.CONSUME_SUCCESS`` acks it;
     ``ConsumeStatus.RECONSUME_LATER`` sends it back to the broker's retry)."""
     handled: Tuple[Any, ...]
@@ -165,13 +189,13 @@ class Delivered:
 def deliver(
     listener: BaseDedupListener,
     msg: Any,
-    times: int = 2,
+    times: int = 1,
     *,
     concurrently: bool = False,
     timeout: float = 10.0,
 ) -> Delivered:
-    """Deliver ``msg`` to ``listener`` ``times`` times, as the broker calls the classic
-    consumer's callback (``listener(msg)``), and report what happened.
+    """Deliver ``msg`` to ``listener`` ``times`` times (once by default), as the broker calls
+    the classic consumer's callback (``listener(msg)``), and report what happened.
 
     ``concurrently=False``: one delivery after the other, as redeliveries arrive.
     ``concurrently=True``: every delivery on its own thread, and the first copy whose handler
@@ -188,7 +212,7 @@ def deliver(
     handler = listener.do_handle_msg
     own = vars(listener).get("do_handle_msg")  # a handler set on the instance, if any
     handled: List[Any] = []
-    answers: List[Any] = [None] * times
+    answers: List[Optional[ConsumeStatus]] = [None] * times
     state = threading.Condition()
     pending = [times]  # deliveries not answered yet
     holding = [concurrently]  # the next handler call is held
@@ -228,4 +252,45 @@ def deliver(
             del listener.do_handle_msg
         else:
             listener.do_handle_msg = own
-    return Delivered(tuple(answers), tuple(handled))
+    answered = [answer for answer in answers if answer is not None]
+    if len(answered) < times:  # a listener never raises; one that did is not one to test
+        raise RuntimeError(f"{times - len(answered)} delivery(ies) of {msg!r} got no answer")
+    return Delivered(tuple(answered), tuple(handled))
+
+
+def plant_crashed_claim(
+    listener: DedupConcurrentListener, msg: Any, lease_ms: Optional[int] = None
+) -> Claim:
+    """Leave the claim a consumer that crashed in the handler of ``msg`` would leave: its key
+    CONSUMING under another owner, for ``lease_ms`` (the listener's lease by default), renewed
+    by nobody. Until it lapses on the store's clock a delivery of ``msg`` is answered
+    RECONSUME_LATER without the handler (another consumer seems to be on it); after
+    ``clock.advance(lease_ms / 1000)`` (a :class:`ManualClock` given to
+    ``MemoryDedupStore(clock=...)``) the next delivery runs the handler. Returns the planted
+    claim (its ``owner`` is the dead consumer's token).
+
+    Raises ``ValueError`` when there is nothing to claim: dedup disabled, or a key of None or
+    ``""`` (such a message runs without dedup), or a key that already has a live record; and
+    ``TypeError`` for the exactly-once listener, whose crashed consumer leaves no claim (its
+    transaction rolls back and the redelivery runs at once).
+    """
+    if not isinstance(listener, DedupConcurrentListener):
+        raise TypeError(
+            f"{type(listener).__name__} is not a DedupConcurrentListener: an exactly-once "
+            "consumer that crashes leaves no claim (its transaction is rolled back)"
+        )
+    config = listener.dedup_config
+    store = config.persist if config is not None else None
+    if config is None or store is None:
+        raise ValueError("dedup is disabled on this listener: a crash leaves no claim")
+    raw = listener.dedup_message_key(msg)
+    key = key_text(raw) if raw is not None else ""
+    if not key:
+        raise ValueError(f"{msg!r} has no dedup key ({raw!r}): it runs without dedup")
+    topic, tag = message_topic_tag(msg)
+    claim = Claim(
+        DedupElement(config.application_name, topic, tag, key), f"crashed.{new_owner_token()}"
+    )
+    if not store.claim(claim, config.lease_ms if lease_ms is None else lease_ms).claimed:
+        raise ValueError(f"the key {key!r} already has a live record: nothing planted")
+    return claim

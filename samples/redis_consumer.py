@@ -1,12 +1,14 @@
 """The SampleListener on a classic PushConsumer, deduping on Redis, with its Prometheus
-metrics served on http://127.0.0.1:8000/metrics (what ops/ watches: the alerting rules and the
-Grafana dashboard). Runs until Ctrl-C.
+metrics served on http://127.0.0.1:8000/metrics (what the operator kit in rocketmq_dedup/ops
+watches: the alerting rules and the Grafana dashboard). Runs until Ctrl-C.
 
 python -m samples.redis_consumer --redis redis://127.0.0.1:16379/0 --metrics-port 8000
 
 A message with a key is deduped on its first key, and its body is the payload checked against
 the first copy's (a key reused with another body is counted as ``payload_mismatch``); one
-without a key on its body, as the Java sample does.
+without a key on its body, as the Java sample does. ``--fail-body TEXT``: a message with that
+body fails in its handler on every delivery (a poisoned message, to watch the alert for messages
+heading to the DLQ).
 """
 
 from __future__ import annotations
@@ -22,9 +24,14 @@ from rocketmq_dedup.message import message_body, message_keys
 from samples.rocketmq_clients import consume_until_interrupted
 from samples.sample_listener import TEST_TOPIC, SampleListener
 
+logger = logging.getLogger("samples.redis_consumer")
+
 
 class KeyedSampleListener(SampleListener):
-    """SampleListener, keyed on the message's first key when it has one, checking payloads."""
+    """SampleListener, keyed on the message's first key when it has one, checking payloads;
+    a message whose body is ``fail_body`` fails in its handler."""
+
+    fail_body: Optional[bytes] = None
 
     def dedup_message_key(self, msg: Any) -> Optional[str]:
         keys = message_keys(msg)
@@ -32,6 +39,12 @@ class KeyedSampleListener(SampleListener):
 
     def payload_fingerprint(self, msg: Any) -> bytes:
         return message_body(msg)
+
+    def do_handle_msg(self, msg: Any) -> bool:
+        if self.fail_body is not None and message_body(msg) == self.fail_body:
+            logger.warning("failing on purpose: %s", self.fail_body.decode("utf-8", "replace"))
+            return False  # retried by the broker, and again, until the DLQ
+        return super().do_handle_msg(msg)
 
 
 def main() -> None:
@@ -44,6 +57,7 @@ def main() -> None:
     parser.add_argument("--handle-seconds", type=float, default=SampleListener.handle_seconds)
     parser.add_argument("--lease-ms", type=int, default=60_000, help="the CONSUMING lease")
     parser.add_argument("--threads", type=int, default=4, help="consumer threads")
+    parser.add_argument("--fail-body", help="messages with this body fail in their handler")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     metrics = None
@@ -62,6 +76,7 @@ def main() -> None:
     )
     listener = KeyedSampleListener(config)  # keep a reference for as long as the consumer runs
     listener.topic, listener.handle_seconds = args.topic, args.handle_seconds
+    listener.fail_body = args.fail_body.encode() if args.fail_body else None
     consume_until_interrupted("classic", args.group, args.topic, listener, args.threads)
 
 

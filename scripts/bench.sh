@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the benchmark harness (bench/): python -m bench in .venv-classic with the bench-only
-# requirements, against the project's Redis and MariaDB (and the RocketMQ broker for e2e cases).
+# requirements, against the project's Redis, MariaDB and PostgreSQL (and the RocketMQ broker for
+# e2e cases).
 #   scripts/bench.sh [--quick] [--json PATH] [--chart PATH] [--cases NAMES] [--reps N] [--check]
 #   scripts/bench.sh --help            all options (python -m bench --help)
 # Servers that are not running are started and, at exit, stopped again; servers that were
@@ -22,7 +23,7 @@ needs=$("$PY" -m bench --services "$@")   # e.g. "redis mysql broker"; exits non
 
 trap run_cleanups EXIT
 
-if [[ $needs == *redis* || $needs == *mysql* ]]; then
+if [[ $needs == *redis* || $needs == *mysql* || $needs == *postgres* ]]; then
   if scripts/services.sh status >/dev/null 2>&1; then
     log "services already running; leaving them running"
   elif scripts/services.sh status 2>/dev/null | grep -q ': running'; then

@@ -43,18 +43,18 @@ info_python() {
 
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-# stop_pid PIDFILE NAME [GRACE]: TERM the process, wait up to GRACE seconds (default 30), then
-# KILL. Removes the pid file.
+# stop_pid PIDFILE NAME [GRACE] [SIGNAL]: send SIGNAL (default TERM) to the process, wait up to
+# GRACE seconds (default 30), then KILL. Removes the pid file.
 stop_pid() {
-  local pidfile=$1 name=$2 grace=${3:-30} pid
+  local pidfile=$1 name=$2 grace=${3:-30} signal=${4:-TERM} pid
   [[ -f $pidfile ]] || return 0
   pid=$(cat "$pidfile")
   if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null || true
+    kill -"$signal" "$pid" 2>/dev/null || true
     local deadline=$((SECONDS + grace))
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
     if kill -0 "$pid" 2>/dev/null; then
-      log "$name (pid $pid) ignored TERM; killing"
+      log "$name (pid $pid) ignored $signal; killing"
       kill -KILL "$pid" 2>/dev/null || true
     fi
     log "stopped $name (pid $pid)"

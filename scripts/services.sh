@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Redis and MariaDB for tests, benchmarks and the demo: installed from Debian packages, bound to
-# 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID, run on the servers'
-# CPUs (scripts/lib.sh, SERVER_CPUS: the last CPU unless DEDUP_SERVER_CPUS says otherwise).
-#   scripts/services.sh up|down [redis|cluster|mysql|sentinel|prometheus ...]   (no names: all)
-#   scripts/services.sh status [redis|cluster|mysql|sentinel|prometheus ...]   (exit 0 if those run)
+# Redis, MariaDB and PostgreSQL for tests, benchmarks and the demo: installed from Debian
+# packages, bound to 127.0.0.1, state under $ROCKETMQ_DEDUP_STATE_ROOT/services, stopped by PID,
+# run on the servers' CPUs (scripts/lib.sh, SERVER_CPUS: the last CPU unless DEDUP_SERVER_CPUS
+# says otherwise).
+#   scripts/services.sh up|down [redis|cluster|mysql|postgres|sentinel|prometheus ...]   (no names: all)
+#   scripts/services.sh status [redis|cluster|mysql|postgres|sentinel|prometheus ...]   (exit 0 if those run)
 #   scripts/services.sh restart-mysql|restart-sentinel-master|env
+# `up NAME` starts only the services named and leaves running ones alone (e.g. `up postgres` on a
+# stack started before PostgreSQL was part of it).
 # env prints the servers' addresses as the tests read them, RocketMQ's too (ROCKETMQ_NAMESRV,
 # ROCKETMQ_PROXY, from the ROCKETMQ_DEDUP_*_PORT variables of scripts/rocketmq.sh).
-# Ports: DEDUP_REDIS_PORT, DEDUP_MYSQL_PORT, DEDUP_SENTINEL_MASTER_PORT, DEDUP_SENTINEL_PORT,
-# DEDUP_PROMETHEUS_PORT (the cluster's 17000-17002 are fixed).
+# Ports: DEDUP_REDIS_PORT, DEDUP_MYSQL_PORT, DEDUP_PG_PORT, DEDUP_SENTINEL_MASTER_PORT,
+# DEDUP_SENTINEL_PORT, DEDUP_PROMETHEUS_PORT (the cluster's 17000-17002 are fixed).
 # Redis: 127.0.0.1:16379.  Redis Cluster: 127.0.0.1:17000-17002 (3 masters).  MariaDB: 127.0.0.1:13306, database dedup_test, user dedup/dedup.
+# PostgreSQL: 127.0.0.1:15432, database dedup_test, user dedup/dedup; its own cluster (initdb) under
+# $STATE/postgres, run as the OS user `postgres` when this script runs as root (the server refuses
+# root), superuser `postgres` through the Unix socket in $STATE/postgres/run only.
 # Redis Sentinel: a master on 127.0.0.1:16380 watched by one sentinel on 127.0.0.1:26379 (service mymaster).
 # Prometheus: 127.0.0.1:19090, scraping every second the targets whose file_sd files tests drop in
 # $STATE/prometheus/targets/*.json, evaluating the rule files in $STATE/prometheus/rules/*.yml
-# (POST /-/reload after a change: tests copy ops/prometheus/*.rules.yml there).
+# (POST /-/reload after a change: tests copy rocketmq_dedup/ops/prometheus/*.rules.yml there).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -25,6 +31,9 @@ SENTINEL_MASTER_PORT="${DEDUP_SENTINEL_MASTER_PORT:-16380}"
 SENTINEL_PORT="${DEDUP_SENTINEL_PORT:-26379}"
 SENTINEL_SERVICE=mymaster
 PROMETHEUS_PORT="${DEDUP_PROMETHEUS_PORT:-19090}"
+PG_PORT="${DEDUP_PG_PORT:-15432}"
+PG_HOME="$STATE/postgres"  # owned by the server's OS user: data/, run/ (socket), postgres.log
+SERVICES="redis cluster mysql postgres sentinel prometheus"
 
 print_env() {
   cat <<ENV
@@ -32,6 +41,7 @@ export DEDUP_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
 export DEDUP_REDIS_CLUSTER_URL=redis://127.0.0.1:${CLUSTER_PORTS[0]}/0
 export DEDUP_MYSQL_HOST=127.0.0.1 DEDUP_MYSQL_PORT=$MYSQL_PORT
 export DEDUP_MYSQL_USER=dedup DEDUP_MYSQL_PASSWORD=dedup DEDUP_MYSQL_DATABASE=dedup_test
+export DEDUP_PG_DSN=postgresql://dedup:dedup@127.0.0.1:$PG_PORT/dedup_test DEDUP_PG_BINDIR=$(pg_bindir)
 export DEDUP_REDIS_SENTINEL=127.0.0.1:$SENTINEL_PORT DEDUP_REDIS_SENTINEL_MASTER=$SENTINEL_SERVICE
 export DEDUP_PROMETHEUS_URL=http://127.0.0.1:$PROMETHEUS_PORT DEDUP_PROMETHEUS_DIR=$STATE/prometheus
 export ROCKETMQ_NAMESRV=127.0.0.1:$ROCKETMQ_NAMESRV_PORT ROCKETMQ_PROXY=127.0.0.1:$ROCKETMQ_GRPC_PORT
@@ -135,6 +145,57 @@ SQL
   log "mariadb up on 127.0.0.1:$MYSQL_PORT (pid $(cat "$STATE/mariadb.pid"))"
 }
 
+# The newest PostgreSQL server's binaries (Debian keeps them off PATH, by major version).
+pg_bindir() { find /usr/lib/postgresql -path '*/bin/pg_ctl' 2>/dev/null | sort -V | tail -1 | xargs -r dirname; }
+
+# as_pg_user CMD...: run CMD as the server's OS user: `postgres` (made by the Debian package) when
+# root, since PostgreSQL refuses to run as root; else the user running this script. setpriv execs
+# CMD (no process of its own in between).
+as_pg_user() {
+  if [[ $(id -u) == 0 ]]; then setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"
+  else "$@"; fi
+}
+
+# psql_admin SQL: run SQL as the superuser, through the server's Unix socket (trust auth; the
+# socket's directory is the server user's alone); prints the rows unaligned.
+psql_admin() {
+  as_pg_user "$(pg_bindir)/psql" -X -q -A -t -v ON_ERROR_STOP=1 -h "$PG_HOME/run" -p "$PG_PORT" \
+    -U postgres -d postgres -c "$1"
+}
+
+postgres_start() {
+  # pg_ctl detaches the server in its own session (setsid) and -w waits until it takes
+  # connections. fsync=off: commits are written to the OS, not flushed to the disk (they survive
+  # a killed server, not a crashed machine), as MariaDB's innodb-flush-log-at-trx-commit=2 here.
+  as_pg_user "${SERVER_CPUS[@]}" "$(pg_bindir)/pg_ctl" -D "$PG_HOME/data" -l "$PG_HOME/postgres.log" \
+    -w -t 60 -s -o "-p $PG_PORT -c listen_addresses=127.0.0.1 -k $PG_HOME/run \
+      -c max_connections=300 -c fsync=off" start \
+    || die "postgresql did not start; see $PG_HOME/postgres.log"
+  head -1 "$PG_HOME/data/postmaster.pid" >"$STATE/postgres.pid"
+}
+
+postgres_up() {
+  if pid_alive "$STATE/postgres.pid"; then log "postgresql already running"; return; fi
+  [[ -n $(pg_bindir) ]] || die "no PostgreSQL server under /usr/lib/postgresql (package postgresql)"
+  mkdir -p "$PG_HOME/data" "$PG_HOME/run"
+  chmod 700 "$PG_HOME/data" "$PG_HOME/run"
+  if [[ $(id -u) == 0 ]]; then chown -R postgres:postgres "$PG_HOME"; fi
+  if [[ ! -f $PG_HOME/data/PG_VERSION ]]; then
+    as_pg_user "$(pg_bindir)/initdb" -D "$PG_HOME/data" -U postgres --auth-local=trust \
+      --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >"$PG_HOME/initdb.log" 2>&1 \
+      || die "initdb failed; see $PG_HOME/initdb.log"
+  fi
+  postgres_start
+  psql_admin "DO \$\$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'dedup') THEN
+      CREATE ROLE dedup LOGIN PASSWORD 'dedup';
+    END IF; END \$\$"
+  # the test user owns its database (PostgreSQL 15: so it may create tables in its public schema)
+  [[ -n $(psql_admin "SELECT 1 FROM pg_database WHERE datname = 'dedup_test'") ]] \
+    || psql_admin "CREATE DATABASE dedup_test OWNER dedup ENCODING 'UTF8'"
+  log "postgresql up on 127.0.0.1:$PG_PORT (pid $(cat "$STATE/postgres.pid"))"
+}
+
 prometheus_up() {
   if pid_alive "$STATE/prometheus.pid"; then log "prometheus already running"; return; fi
   local dir="$STATE/prometheus"
@@ -162,14 +223,14 @@ CONF
 
 status() {  # status [SERVICE...]: the pid files of those services (default all)
   local rc=0 names=() svc wanted
-  wanted=("${@:-redis cluster mysql sentinel prometheus}"); wanted=(${wanted[*]})
+  wanted=("${@:-$SERVICES}"); wanted=(${wanted[*]})
   for svc in "${wanted[@]}"; do
     case "$svc" in
-      redis) names+=(redis) ;; mysql) names+=(mariadb) ;;
+      redis) names+=(redis) ;; mysql) names+=(mariadb) ;; postgres) names+=(postgres) ;;
       cluster) names+=("${CLUSTER_PORTS[@]/#/redis-cluster-}") ;;
       sentinel) names+=(sentinel-master sentinel) ;;
       prometheus) names+=(prometheus) ;;
-      *) die "unknown service $svc (redis, cluster, mysql, sentinel, prometheus)" ;;
+      *) die "unknown service $svc (${SERVICES// /, })" ;;
     esac
   done
   for name in "${names[@]}"; do
@@ -182,20 +243,21 @@ status() {  # status [SERVICE...]: the pid files of those services (default all)
 case "${1:-}" in
   up)
     shift
-    wanted=("${@:-redis cluster mysql sentinel prometheus}"); wanted=(${wanted[*]})
-    apt_install redis-server mariadb-server mariadb-client prometheus curl
+    wanted=("${@:-$SERVICES}"); wanted=(${wanted[*]})
+    # postgresql: the distribution's supported server (Debian 12: postgresql-15)
+    apt_install redis-server mariadb-server mariadb-client postgresql prometheus curl
     mkdir -p "$STATE"
     for svc in "${wanted[@]}"; do
       case "$svc" in
         redis) redis_up ;; cluster) cluster_up ;; mysql) mysql_up ;; sentinel) sentinel_up ;;
-        prometheus) prometheus_up ;;
-        *) die "unknown service $svc (redis, cluster, mysql, sentinel, prometheus)" ;;
+        postgres) postgres_up ;; prometheus) prometheus_up ;;
+        *) die "unknown service $svc (${SERVICES// /, })" ;;
       esac
     done
     ;;
   down)
     shift
-    wanted=("${@:-redis cluster mysql sentinel prometheus}"); wanted=(${wanted[*]})
+    wanted=("${@:-$SERVICES}"); wanted=(${wanted[*]})
     for svc in "${wanted[@]}"; do
       case "$svc" in
         redis) stop_pid "$STATE/redis.pid" redis ;;
@@ -204,11 +266,13 @@ case "${1:-}" in
             stop_pid "$STATE/redis-cluster-$port.pid" "redis cluster node $port"
           done ;;
         mysql) stop_pid "$STATE/mariadb.pid" mariadb ;;
+        # SIGINT: PostgreSQL's fast shutdown (SIGTERM would wait for every client to leave)
+        postgres) stop_pid "$STATE/postgres.pid" postgresql 30 INT ;;
         sentinel)
           stop_pid "$STATE/sentinel.pid" sentinel
           stop_pid "$STATE/sentinel-master.pid" "sentinel master" ;;
         prometheus) stop_pid "$STATE/prometheus.pid" prometheus ;;
-        *) die "unknown service $svc (redis, cluster, mysql, sentinel, prometheus)" ;;
+        *) die "unknown service $svc (${SERVICES// /, })" ;;
       esac
     done
     ;;

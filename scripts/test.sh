@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine: installs what it needs (Debian packages, Python
-# environments, RocketMQ jars), starts Redis, MariaDB and RocketMQ on 127.0.0.1, runs lint,
+# environments, RocketMQ jars), starts Redis, MariaDB, PostgreSQL and RocketMQ on 127.0.0.1, runs lint,
 # type checks, the unit/packaging/contract/integration tests and the end-to-end tests through the broker
 # with both Python clients and the quick fault soak, then stops what it started. Extra arguments
 # go to every pytest run.

@@ -1,4 +1,4 @@
-"""Fixtures for every layer: server clients (real Redis and MariaDB started by
+"""Fixtures for every layer: server clients (real Redis, MariaDB and PostgreSQL started by
 scripts/services.sh; connected only when a test asks for them, and a missing server fails the
 test loudly instead of skipping) and the store kinds. Each layer's conftest says which store
 kinds its ``store`` fixture runs: tests/unit the memory store and a user store, tests/integration
@@ -6,36 +6,44 @@ the servers."""
 
 from __future__ import annotations
 
+import ctypes
 import uuid
 from typing import Any, Iterator
 
 import pytest
 import redis
 
-from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, RedisDedupStore
+from rocketmq_dedup import MemoryDedupStore, MySQLDedupStore, PostgresDedupStore, RedisDedupStore
 from rocketmq_dedup.stores import make_store as make_store_for
 from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.stores.foreign import ForeignStore
-from tests.support import REDIS_CLUSTER_URL, REDIS_URL, DuckStore, mysql_connect
+from tests.native import NativeBuildError, build_library
+from tests.support import (
+    PG_DSN,
+    REDIS_CLUSTER_URL,
+    REDIS_URL,
+    DuckStore,
+    mysql_connect,
+    pg_connect,
+    pg_query,
+)
 
 TEST_TABLE = "t_rocketmq_dedup_test"
 # "mysql" runs on mysqlclient (its connection API), "mysql_pymysql" on PyMySQL and
 # "mysql_connector" on mysql-connector-python (both through DB-API cursors), each with its
 # threads' requests coalesced; "mysql_uncoalesced": mysqlclient, each call on its own.
-STORE_KINDS = [
-    "memory",
-    "redis",
-    "redis_cluster",
-    "mysql",
-    "mysql_pymysql",
-    "mysql_connector",
-    "mysql_uncoalesced",
-]
 MYSQL_DRIVERS = {
     "mysql": "mysqlclient",
     "mysql_pymysql": "pymysql",
     "mysql_connector": "mysql-connector",
 }
+# PostgreSQL through psycopg 3: "postgres" a partial of psycopg.connect (make_store tells it
+# from a MySQL factory; the store's own pool), "postgres_factory" a plain function returning
+# connections set up against the store (autocommit off, no prepared statements, LATIN1 client
+# encoding; built as PostgresDedupStore explicitly), "postgres_pool" a psycopg_pool pool,
+# "postgres_sqlalchemy" a SQLAlchemy engine (postgresql+psycopg).
+PG_KINDS = ["postgres", "postgres_factory", "postgres_pool", "postgres_sqlalchemy"]
+STORE_KINDS = ["memory", "redis", "redis_cluster", *MYSQL_DRIVERS, "mysql_uncoalesced", *PG_KINDS]
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +83,83 @@ def mysql_table() -> str:
     return TEST_TABLE
 
 
+@pytest.fixture(scope="session")
+def pg_table() -> str:
+    """A fresh PostgreSQL dedup table for the session."""
+    try:
+        pg_query(f"DROP TABLE IF EXISTS {TEST_TABLE}")
+    except Exception as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {PG_DSN}: scripts/services.sh up ({exc})")
+    store = PostgresDedupStore(pg_connect(), TEST_TABLE)
+    store.create_table()
+    store.close()
+    return TEST_TABLE
+
+
+@pytest.fixture(scope="session")
+def pg_pool() -> Iterator[Any]:
+    """An application's psycopg_pool pool on the shared PostgreSQL."""
+    import psycopg_pool
+
+    pool = psycopg_pool.ConnectionPool(PG_DSN, min_size=1, max_size=8, timeout=10, open=True)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def pg_engine() -> Iterator[Any]:
+    """A SQLAlchemy engine on the shared PostgreSQL (postgresql+psycopg)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(PG_DSN.replace("postgresql://", "postgresql+psycopg://"))
+    yield engine
+    engine.dispose()
+
+
+def pg_factory() -> Any:
+    """A plain function (make_store cannot tell it from a MySQL factory) returning psycopg
+    connections set up against the store: autocommit off, no prepared statements, and a
+    LATIN1 client encoding."""
+    import psycopg
+
+    def connect_orders_db() -> Any:
+        return psycopg.connect(
+            PG_DSN, autocommit=False, prepare_threshold=None, client_encoding="LATIN1"
+        )
+
+    return connect_orders_db
+
+
+def make_pg_store(kind: str, request: pytest.FixtureRequest, **options: Any) -> DedupStore:
+    """The PostgreSQL store of ``kind`` (:data:`PG_KINDS`) on the session's table, closed at
+    the end of the test."""
+    table = request.getfixturevalue("pg_table")
+    store: DedupStore
+    if kind == "postgres":
+        store = make_store_for(pg_connect(), table_name=table, **options)
+    elif kind == "postgres_factory":
+        store = PostgresDedupStore(pg_factory(), table, **options)
+    elif kind == "postgres_pool":
+        store = make_store_for(request.getfixturevalue("pg_pool"), table_name=table, **options)
+    elif kind == "postgres_sqlalchemy":
+        store = make_store_for(request.getfixturevalue("pg_engine"), table_name=table, **options)
+    else:
+        raise ValueError(kind)
+    assert isinstance(store, PostgresDedupStore)
+    request.addfinalizer(store.close)
+    return store
+
+
+@pytest.fixture(scope="session")
+def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """tests/native's callback_thread.c, built once per session in a temporary directory: it
+    calls Python from native pthreads, as librocketmq calls a listener."""
+    try:
+        return build_library(tmp_path_factory.mktemp("native"))
+    except NativeBuildError as exc:
+        pytest.fail(f"cannot build the native callback library: {exc}")
+
+
 @pytest.fixture
 def app_name() -> str:
     """A unique application name, so tests never see each other's records."""
@@ -99,4 +184,6 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
         store = MySQLDedupStore(mysql_connect(driver), table, coalesce=coalesce)
         request.addfinalizer(store.close)
         return store
+    if kind in PG_KINDS:
+        return make_pg_store(kind, request)
     raise ValueError(kind)

@@ -1,15 +1,24 @@
-"""Test helpers: polling, server settings, a duck-typed store, metric readers. Messages of
-both client shapes and a clock the test moves: rocketmq_dedup.testing (public)."""
+"""Test helpers: polling, server settings, a private PostgreSQL server, a duck-typed store,
+metric readers, a fresh Python process. Messages of both client shapes and a clock the test
+moves: rocketmq_dedup.testing (public)."""
 
 from __future__ import annotations
 
 import functools
+import glob
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.stores.base import Claim
 
+REPO = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("DEDUP_REDIS_URL", "redis://127.0.0.1:16379/0")
 REDIS_CLUSTER_URL = os.environ.get("DEDUP_REDIS_CLUSTER_URL", "redis://127.0.0.1:17000/0")
 MYSQL = {
@@ -19,6 +28,11 @@ MYSQL = {
     "password": os.environ.get("DEDUP_MYSQL_PASSWORD", "dedup"),
     "database": os.environ.get("DEDUP_MYSQL_DATABASE", "dedup_test"),
 }
+
+
+#: PostgreSQL as scripts/services.sh starts it (``services.sh env``: DEDUP_PG_DSN).
+PG_DSN = os.environ.get("DEDUP_PG_DSN", "postgresql://dedup:dedup@127.0.0.1:15432/dedup_test")
+STATE_ROOT = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-dedup"))
 
 
 def _rocketmq_address(variable: str, port_variable: str, port: str) -> str:
@@ -48,6 +62,168 @@ def mysql_connect(driver: str = "mysqlclient", **overrides: Any) -> Callable[[],
     import MySQLdb
 
     return functools.partial(MySQLdb.connect, **params)
+
+
+def sql(query: str, *params: Any) -> List[Any]:
+    """One statement on a new autocommit connection to the test database; its rows."""
+    conn = mysql_connect()()
+    try:
+        conn.autocommit(True)
+        cur = conn.cursor()
+        cur.execute(query, params)
+        return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def pg_connect(dsn: str = PG_DSN, **options: Any) -> Callable[[], Any]:
+    """A zero-argument psycopg connection factory, as users pass it to DedupConfig (make_store
+    recognises a partial of psycopg.connect)."""
+    import psycopg
+
+    return functools.partial(psycopg.connect, dsn, **options)
+
+
+def pg_query(sql: str, *params: Any, dsn: str = PG_DSN) -> List[Any]:
+    """Run one statement on a connection of its own (autocommit); its rows, if any."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def pg_bindir() -> str:
+    """The PostgreSQL server's binaries (``services.sh env``: DEDUP_PG_BINDIR; else the
+    newest Debian keeps under /usr/lib/postgresql)."""
+    found = os.environ.get("DEDUP_PG_BINDIR") or max(
+        (os.path.dirname(p) for p in glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")),
+        key=lambda p: int(p.split("/")[-2]),
+        default="",
+    )
+    if not found:
+        raise AssertionError("no PostgreSQL server binaries: run scripts/services.sh up postgres")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of a test's own, for tests that stop or kill it (never the shared
+    one): its own cluster under the state directory, a free port on 127.0.0.1, trust
+    authentication for the superuser ``postgres``, run as the ``postgres`` OS user when the
+    tests run as root (the server refuses root), stopped by the PID in its postmaster.pid."""
+
+    def __init__(self, name: str) -> None:
+        self.home = STATE_ROOT / "pg-private" / f"{name}-{os.getpid()}"
+        self.data = self.home / "data"
+        self.port = free_port()
+        self.pid: Optional[int] = None
+        self.reaped_in = 0.0
+        self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self._bin = pg_bindir()
+
+    def _run(self, *command: str) -> None:
+        prefix = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
+        argv = [*(prefix if os.geteuid() == 0 else []), *command]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, f"{command[0]} failed: {result.stderr[-2000:]}"
+
+    def create(self) -> PrivatePostgres:
+        """initdb the cluster (once) and start the server."""
+        subprocess.run(["rm", "-rf", str(self.home)], check=True)
+        (self.home / "run").mkdir(parents=True)
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", "postgres:postgres", str(self.home)], check=True)
+        self._run(
+            f"{self._bin}/initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
+            "-E", "UTF8", "--locale=C.UTF-8",
+        )  # fmt: skip
+        return self.start()
+
+    def start(self) -> PrivatePostgres:
+        """Start the server on its port and wait until it takes connections."""
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.home / 'run'} -c fsync=off"
+        )
+        log = self.home / "postgres.log"
+        try:
+            self._run(
+                f"{self._bin}/pg_ctl", "-D", str(self.data), "-l", str(log),
+                "-w", "-t", "60", "-s", "-o", options, "start",
+            )  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{log}:\n{log.read_text()[-2000:]}") from None
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        return self
+
+    def _signal(self, send: Callable[[int], None]) -> None:
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        try:
+            send(pid)
+        except ProcessLookupError:
+            return
+        # the backends too: a new server refuses to start while one still holds the old
+        # server's shared memory
+        wait_for(lambda: not _group_alive(pid), timeout=60, interval=0.05)
+        # A killed server leaves its lock files (postmaster.pid, the socket's), which a new one
+        # trusts while their PID exists, a zombie included: wait until its reaper (PID 1, which
+        # may take a while) has reaped it.
+        begin = time.monotonic()
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=60, interval=0.05)
+        self.reaped_in = time.monotonic() - begin
+
+    def stop(self) -> None:
+        """Stop the server (SIGINT, a fast shutdown: its clients are disconnected)."""
+        self._signal(lambda pid: os.kill(pid, signal.SIGINT))
+
+    def kill(self) -> None:
+        """SIGKILL the server and its backends at once (pg_ctl starts the server in a session
+        of its own: its process group is the server's)."""
+        self._signal(lambda pid: os.killpg(pid, signal.SIGKILL))
+
+    def destroy(self) -> None:
+        self.stop()
+        subprocess.run(["rm", "-rf", str(self.home)], check=True)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (zombies count as gone)."""
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(") ", 1)[-1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def fresh_python(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` (this interpreter) in a fresh process at the repository's root, its
+    output as text; the test fails with the process's stderr unless it exits 0."""
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def last_json_line(result: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON value a process printed last (its report)."""
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

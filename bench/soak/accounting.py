@@ -13,6 +13,9 @@ and each mode beside the control. Pure: unit-tested on synthetic evidence.
   mode, the control's included): every delivery of a key goes to consumers of its kind.
 * **Delay** of a key: its first application less the time its first copy's send succeeded.
   A key is **delayed** if that took longer than ``late_s``.
+* **Stalls**: what the consumers' watchdogs measured (``stall`` lines): how often a process
+  could not run Python for a second or more, the longest, and the worst few with their CPU
+  use and the host's load.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from bench.soak.evidence import DEAD_LETTERED, LOST_BY_DEDUP, Effect, Event
+from bench.soak.evidence import DEAD_LETTERED, LOST_BY_DEDUP, Effect, Event, fields
 from bench.soak.plan import key_index
 
 #: The kind of a pid the run does not know (a key's kind is always known).
@@ -136,6 +139,33 @@ def cpu_per_message(
     total = sum(count.values())
     out["all"] = round(1000 * sum(spent.values()) / total, 3) if total else None
     return out
+
+
+def stall_summary(
+    events: Iterable[Event], kinds: Mapping[int, str], start: float, worst: int = 5
+) -> Dict[str, Any]:
+    """The watchdogs' stalls: how many, how many of a second or more, their total and the
+    longest; the ``worst`` longest with their process's kind, time (seconds since the first
+    send), CPU seconds used meanwhile and the host's load."""
+    stalls = []
+    for event in events:
+        if event.kind == "stall":
+            said = fields(event.detail)
+            gap = float(said.get("gap", "0"))
+            stalls.append((gap, event, said))
+    stalls.sort(key=lambda s: -s[0])
+    return {
+        "count": len(stalls),
+        "over_1s": sum(gap >= 1.0 for gap, _, _ in stalls),
+        "total_s": round(sum(gap for gap, _, _ in stalls), 1),
+        "max_s": round(stalls[0][0], 2) if stalls else 0.0,
+        "worst": [
+            {"pid": e.pid, "kind": kinds.get(e.pid, NO_KIND), "at_s": round(e.at - gap - start, 1),
+             "gap_s": round(gap, 2), "cpu_s": float(said.get("cpu", "nan")),
+             "load": float(said.get("load", "nan"))}
+            for gap, e, said in stalls[:worst]
+        ],
+    }  # fmt: skip
 
 
 def compare(results: Mapping[str, Mapping[str, Any]], control: str) -> Dict[str, Any]:

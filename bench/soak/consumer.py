@@ -2,13 +2,31 @@
 
 A listener of the mode's kind behind a real push consumer. Its business effect is a MariaDB
 row (``soak_effects``; in exactly-once mode written through the transaction's connection, so a
-row exists only if its message committed). What it decided about every message is one line in
-its evidence file, written with ``os.write`` as it happens, so a SIGKILL loses nothing already
-decided: ``<time> <pid> <key> <event> <detail>``. Events: ``effect`` (an effect row committed),
-``effect_error`` (writing it raised: the row may still exist), ``decision`` (the listener's
-outcome, from its metrics, with whether the message's CONSUMED mark succeeded), ``answer``
-(what the client got: ``ack`` or ``later``, RECONSUME_LATER). Prints STARTED once consuming;
-stops on SIGTERM.
+row exists only if its message committed). What it did about every message is one line in its
+evidence file, written with ``os.write`` as it happens, so a SIGKILL loses nothing already
+written: ``<time> <pid> <thread id> <key> <event> <detail>`` (the native thread id: a classic
+client's callback runs on one native thread from the claim to the answer). Events:
+
+* ``claim``: what the store answered a claim (:class:`Observed`, a subclass of the mode's store
+  that only watches): ``claimed`` (a new record), ``taken_over`` (MySQL: the insert met a row
+  that was no longer live and the claim took it over), ``refused`` (with the live record's
+  ``status``, ``holder`` token and ``left`` ms), ``error`` (the store raised); with the claim's
+  ``owner`` token and how long the call ``took``;
+* ``renew``: per key, each lease renewal of the LeaseKeeper: ``ok``, ``lost`` (taken over) or
+  ``error``, with the ``owner`` and ``took``; ``mark`` (the CONSUMED mark: ``ok`` or ``error``)
+  and ``release`` (``ok``, ``gone``: no longer ours, or ``error``), the same way;
+* ``effect_begin`` before the handler writes its effect (the line's time is the row's ``at``),
+  ``effect`` once the row committed (``took``: connecting and the INSERT), ``effect_error``
+  (writing it raised: the row may still exist);
+* ``decision``: the listener's outcome, from its metrics, with whether the message's CONSUMED
+  mark succeeded; ``answer``: what the client got (``ack``, or ``later``: RECONSUME_LATER);
+* ``stall`` (key ``-``): the process's watchdog thread woke ``gap`` seconds later than it
+  asked: no Python thread of the process could run for that long (the GIL held, or the process
+  not scheduled); with the process's CPU seconds over the gap (``cpu``: near ``gap``, a thread
+  was busy holding the GIL; near 0, the process was not running or was blocked) and the host's
+  1-minute load.
+
+Prints STARTED once consuming; stops on SIGTERM.
 
 Modes: ``plain-redis``, ``plain-mysql`` (:class:`DedupConcurrentListener`), ``exactly-once``
 (:class:`TransactionalDedupListener`), and the control ``no-dedup``: the same handler behind a
@@ -27,19 +45,26 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import redis
 
 from bench.soak.plan import fails_first, handler_ms
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, TransactionalDedupListener
+from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.message import message_id, message_keys, reconsume_times
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.status import ConsumeStatus
+from rocketmq_dedup.stores import MySQLDedupStore, RedisDedupStore
+from rocketmq_dedup.stores.base import Claim, ClaimResult, DedupStore
 from tests.e2e.clients import start_push_consumer
 from tests.support import mysql_connect
 
 EFFECT_SQL = "INSERT INTO soak_effects (run_id, biz_key, pid, at) VALUES (%s, %s, %s, %s)"
+#: The watchdog asks to wake this often, and writes a ``stall`` line when it woke this much
+#: later than asked (seconds).
+WATCH_TICK_S = 0.05
+STALL_S = 0.25
 
 
 class Evidence(DedupMetrics):
@@ -51,8 +76,12 @@ class Evidence(DedupMetrics):
         self.pid = os.getpid()
         self.marks = threading.local()
 
-    def write(self, key: str, event: str, detail: str = "-") -> None:
-        os.write(self.fd, f"{time.time():.4f} {self.pid} {key} {event} {detail}\n".encode())
+    def write(self, key: str, event: str, detail: str = "-", at: Optional[float] = None) -> None:
+        line = (
+            f"{time.time() if at is None else at:.4f} {self.pid} {threading.get_native_id()} "
+            f"{key} {event} {detail}\n"
+        )
+        os.write(self.fd, line.encode())
 
     def message(self, decision: Decision) -> None:
         """``decision <outcome>``, ``:mark_ok``/``:mark_failed`` after a CONSUMED mark."""
@@ -65,6 +94,139 @@ class Evidence(DedupMetrics):
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
         if op is StoreOp.MARK_CONSUMED:
             self.marks.ok = ok
+
+    def store_call(
+        self, event: str, claims: Sequence[Claim], outcomes: Sequence[str], began: float
+    ) -> None:
+        """One line per claim of a store call: ``<outcome>,owner=<token>,took=<s>``."""
+        took = time.perf_counter() - began
+        for claim, outcome in zip(claims, outcomes, strict=True):
+            self.write(claim.element.key, event, f"{outcome},owner={claim.owner},took={took:.4f}")
+
+
+def claim_outcome(result: ClaimResult, taken_over: bool) -> str:
+    """A claim line's outcome: claimed / taken_over, or refused with the record in the way."""
+    if result.claimed:
+        return "taken_over" if taken_over else "claimed"
+    record = result.record
+    if record is None:
+        return "refused"
+    status = record.status.value if record.status is not None else "unreadable"
+    left = "-" if record.expires_in_ms is None else record.expires_in_ms
+    return f"refused,status={status},holder={record.owner or '-'},left={left}"
+
+
+def error_outcome(exc: BaseException) -> str:
+    return f"error,error={type(exc).__name__}"
+
+
+class Observed(DedupStore):
+    """Mixed into the mode's store class (:func:`observed`): every claim, renewal, mark and
+    release is written to the evidence per key, then answered exactly as the store answered
+    it. Only watches: the store's own methods run unchanged."""
+
+    evidence: Evidence
+    _resolved: threading.local
+
+    def watch(self, evidence: Evidence) -> None:
+        self.evidence = evidence
+        self._resolved = threading.local()  # set by a MySQL claim that took over a row
+
+    def _observe(
+        self,
+        event: str,
+        claims: Sequence[Claim],
+        call: Callable[[], Any],
+        outcomes: Callable[[Any], Sequence[str]],
+    ) -> Any:
+        began = time.perf_counter()
+        self._resolved.taken = False
+        try:
+            result = call()
+        except StoreError as exc:
+            self.evidence.store_call(event, claims, [error_outcome(exc)] * len(claims), began)
+            raise
+        self.evidence.store_call(event, claims, outcomes(result), began)
+        return result
+
+    def _claims(self, results: Sequence[ClaimResult]) -> List[str]:
+        taken = getattr(self._resolved, "taken", False)
+        return [claim_outcome(r, taken and r.claimed) for r in results]
+
+    def claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        return self._observe(  # type: ignore[no-any-return]
+            "claim", [claim], lambda: super(Observed, self).claim(claim, lease_ms),
+            lambda result: self._claims([result]),
+        )  # fmt: skip
+
+    def claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        return self._observe(  # type: ignore[no-any-return]
+            "claim", claims, lambda: super(Observed, self).claim_many(claims, lease_ms),
+            self._claims,
+        )  # fmt: skip
+
+    def mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        self._observe(
+            "mark", [claim], lambda: super(Observed, self).mark_consumed(claim, retention_ms),
+            lambda _: ["ok"],
+        )  # fmt: skip
+
+    def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        self._observe(
+            "mark", claims,
+            lambda: super(Observed, self).mark_consumed_many(claims, retention_ms),
+            lambda _: ["ok"] * len(claims),
+        )  # fmt: skip
+
+    def release(self, claim: Claim) -> bool:
+        return self._observe(  # type: ignore[no-any-return]
+            "release", [claim], lambda: super(Observed, self).release(claim),
+            lambda released: ["ok" if released else "gone"],
+        )  # fmt: skip
+
+    def release_many(self, claims: Sequence[Claim]) -> int:
+        if len(claims) == 1:  # the store's own release_many calls release() for one
+            return int(self.release(claims[0]))
+        return self._observe(  # type: ignore[no-any-return]
+            "release", claims, lambda: super(Observed, self).release_many(claims),
+            lambda released: [f"batch,released={released}"] * len(claims),
+        )  # fmt: skip
+
+    def renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
+        return self._observe(  # type: ignore[no-any-return]
+            "renew", claims, lambda: super(Observed, self).renew_many(claims, lease_ms),
+            lambda owned: ["ok" if ok else "lost" for ok in owned],
+        )  # fmt: skip
+
+
+class ObservedMySQL(Observed, MySQLDedupStore):
+    """The MySQL store, observed; a claim whose insert met an existing row and was then won
+    (the store's ``_resolve_refused``: an expired or released row taken over, or after a
+    retried insert its own row found) is ``taken_over``. That private step is the only place
+    the store tells the two apart; the override only notes that it ran."""
+
+    def _resolve_refused(self, *args: Any, **kwargs: Any) -> Any:
+        self._resolved.taken = True
+        return super()._resolve_refused(*args, **kwargs)
+
+
+class ObservedRedis(Observed, RedisDedupStore):
+    """The Redis store, observed (a claim of a key whose lease lapsed is a new key there:
+    ``claimed``)."""
+
+
+def watch_stalls(evidence: Evidence) -> None:
+    """The watchdog thread: sleeps WATCH_TICK_S at a time and writes a ``stall`` line when it
+    woke STALL_S or more later than asked."""
+    clock, cpu = time.monotonic(), time.process_time()
+    while True:
+        time.sleep(WATCH_TICK_S)
+        now, used = time.monotonic(), time.process_time()
+        gap = now - clock - WATCH_TICK_S
+        if gap >= STALL_S:
+            detail = f"gap={gap:.3f},cpu={used - cpu:.3f},load={os.getloadavg()[0]:.1f}"
+            evidence.write("-", "stall", detail)
+        clock, cpu = now, used
 
 
 def first_key(msg: Any) -> str:
@@ -80,7 +242,9 @@ class Handler:
         self.run_id = settings["run_id"]
         self.evidence = evidence
         self._connect = mysql_connect()
-        self._local = threading.local()
+        #: The effect's connection per native thread (a classic client's callbacks get a fresh
+        #: Python thread state each time, so a threading.local would connect per message).
+        self._conns: Dict[int, Any] = {}
         self._failed: set[str] = set()  # message ids failed once here (orderly retries
         self._failed_lock = threading.Lock()  # keep reconsume_times 0)
 
@@ -97,19 +261,32 @@ class Handler:
         return key
 
     def effect(self, key: str) -> bool:
-        """The plain modes' effect: one autocommitted row (a new connection after an error)."""
+        """The plain modes' effect: one autocommitted row (a new connection after an error),
+        its ``effect_begin`` line written first, with the row's time."""
+        at = self.begin_effect(key)
+        thread = threading.get_native_id()
         try:
-            conn = getattr(self._local, "conn", None)
+            conn = self._conns.get(thread)
             if conn is None:
-                conn = self._local.conn = self._connect()
+                conn = self._conns[thread] = self._connect()
                 conn.autocommit(True)
-            conn.cursor().execute(EFFECT_SQL, (self.run_id, key, os.getpid(), time.time()))
+            conn.cursor().execute(EFFECT_SQL, (self.run_id, key, os.getpid(), at))
         except Exception as exc:
-            self._local.conn = None
+            self._conns.pop(thread, None)
             self.evidence.write(key, "effect_error", type(exc).__name__)
             raise
-        self.evidence.write(key, "effect")
+        self.end_effect(key, at)
         return True
+
+    def begin_effect(self, key: str) -> float:
+        """The ``effect_begin`` line; its time is the effect row's ``at`` (how the row and the
+        thread that wrote it are matched)."""
+        at = time.time()
+        self.evidence.write(key, "effect_begin", at=at)
+        return at
+
+    def end_effect(self, key: str, at: float) -> None:
+        self.evidence.write(key, "effect", f"took={time.time() - at:.4f}")
 
 
 class PlainListener(DedupConcurrentListener):
@@ -137,8 +314,10 @@ class ExactlyOnceListener(TransactionalDedupListener):
         key = self.handler.work(msg)
         if key is None:
             return False
-        conn.cursor().execute(EFFECT_SQL, (self.handler.run_id, key, os.getpid(), time.time()))
-        return True  # the row commits with the CONSUMED record, or not at all
+        at = self.handler.begin_effect(key)
+        conn.cursor().execute(EFFECT_SQL, (self.handler.run_id, key, os.getpid(), at))
+        self.handler.end_effect(key, at)  # (the row commits with the CONSUMED record, or not)
+        return True
 
 
 class ControlListener:
@@ -171,28 +350,38 @@ class Answering:
 
 
 def make_listener(settings: Dict[str, Any], handler: Handler, evidence: Evidence) -> Any:
-    """The mode's listener, with the run's extra ``DedupConfig`` options."""
+    """The mode's listener, with the run's extra ``DedupConfig`` options, on an observed
+    store (:class:`Observed`)."""
     if settings["mode"] == "no-dedup":
         return ControlListener(handler)
-    common: Dict[str, Any] = {
-        "dedup_processing_expire_milli_seconds": settings["lease_ms"],
-        "metrics": evidence,
-        "check_store": False,  # a consumer restarted during an outage still starts
-        **settings.get("options", {}),
-    }
+    options = dict(settings.get("options", {}))
+    store: Observed
+    if settings["mode"] == "plain-redis":
+        client = redis.Redis.from_url(settings["redis_url"], socket_timeout=5)
+        store = ObservedRedis(client, **_take(options, ("key_prefix",)))
+    else:
+        store = ObservedMySQL(
+            mysql_connect(),
+            **{"pool_size": settings["threads"] + 2,
+               **_take(options, ("table_name", "pool_size", "pool_timeout"))},
+        )  # fmt: skip
+    store.watch(evidence)
+    config = DedupConfig.enable_dedup_consume_config(
+        settings["app"],
+        store,
+        dedup_processing_expire_milli_seconds=settings["lease_ms"],
+        metrics=evidence,
+        check_store=False,  # a consumer restarted during an outage still starts
+        **options,
+    )
     if settings["mode"] == "exactly-once":
-        config = DedupConfig.enable_dedup_consume_config(
-            settings["app"], mysql_connect(), pool_size=settings["threads"] + 2, **common
-        )
         return ExactlyOnceListener(config, handler)
-    if settings["mode"] == "plain-mysql":
-        config = DedupConfig.enable_dedup_consume_config(
-            settings["app"], mysql_connect(), pool_size=settings["threads"] + 2, **common
-        )
-        return PlainListener(config, handler)
-    client = redis.Redis.from_url(settings["redis_url"], socket_timeout=5)
-    config = DedupConfig.enable_dedup_consume_config(settings["app"], client, **common)
     return PlainListener(config, handler)
+
+
+def _take(options: Dict[str, Any], names: Sequence[str]) -> Dict[str, Any]:
+    """Remove the store's own options from ``options``; return them."""
+    return {name: options.pop(name) for name in names if name in options}
 
 
 def main() -> None:
@@ -210,6 +399,8 @@ def main() -> None:
         settings["threads"],
         orderly=kind == "orderly",
     )
+    watchdog = threading.Thread(target=watch_stalls, args=(evidence,), daemon=True)
+    watchdog.start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     print("STARTED", flush=True)

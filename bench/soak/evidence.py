@@ -1,23 +1,41 @@
 """What a soak mode's records say: keys lost, keys applied more than once, and why.
 
-Each key applied more than once is explained by the first application's evidence, or counted
-as unexplained (a defect to fix, not a number to report):
+**A key applied more than once** (several effect rows) is explained applier by applier: every
+application after the first needs a cause of its own, found in the evidence of the appliers
+before it and its own (:mod:`bench.soak.consumer` lists the lines). Each application is matched
+to the thread that wrote it (its ``effect_begin`` line carries the row's time), and so to that
+thread's claim (outcome, owner token, time), the renewals and the mark of that owner, a SIGKILL
+of its process and the stalls its watchdog measured. A later application is explained when it
+ran without dedup, or when the record of every earlier application was not there to refuse its
+claim, for one of these causes (the cause reported is the one of the latest earlier applier):
 
-* ``killed_before_mark``: the first applier was SIGKILLed after its effect and before its
-  decision was reported (its CONSUMED mark never confirmed); the claim lapsed after the lease
-  and a redelivery ran the handler again.
-* ``record_lost_with_store``: the first application's CONSUMED mark was confirmed, then the
-  store was killed within ``AOF_WINDOW_S`` (Redis with ``appendfsync everysec`` loses up to a
-  second of writes), and the second application came after the restart.
-* ``ran_without_dedup``: an application ran without dedup while the store was unreachable
-  (``store_failure_policy="consume"``: outcome ``store_error_consumed``).
-* ``mark_failed``: the handler succeeded but its CONSUMED mark failed (store outage): the
-  message was acked, the claim lapsed after the lease, a later copy ran again.
-* ``ambiguous_effect_commit``: writing the effect raised (MariaDB killed during the commit)
-  although the row was committed; the handler failed, so the broker's retry ran it again.
+* ``ran_without_dedup``: the application ran while the store was unreachable (its claim raised;
+  ``store_failure_policy="consume"``: outcome ``store_error_consumed``), or an earlier one did
+  and so left no record.
+* ``killed_before_mark``: the earlier applier's process was SIGKILLed after its effect and
+  before its CONSUMED mark; its claim lapsed one lease after its last renewal.
+* ``mark_failed``: the earlier applier's handler succeeded but its CONSUMED mark failed (store
+  outage): the message was acked and the claim lapsed after the lease.
+* ``record_lost_with_store``: the earlier applier's last write (claim, renewal or mark) was
+  confirmed within ``AOF_WINDOW_S`` before Redis was killed (``appendfsync everysec`` loses up
+  to a second of writes), and the later claim came after the restart. (A MariaDB ``kill -9``
+  loses no committed row: ``innodb_flush_log_at_trx_commit=2`` writes the log at each commit.)
+* ``ambiguous_effect_commit``: writing the earlier effect raised (MariaDB killed during the
+  commit) although the row was committed; its handler failed, so the claim was released and
+  the broker's retry ran it again.
+* ``lease_lapsed_under_stall``: the later claim came after the earlier claim's lease could have
+  lapsed (one lease after its last confirmed write), before the earlier applier marked it, and
+  the earlier applier's process was measured stalled (its watchdog, ``stall`` lines) for most
+  of the time in which its LeaseKeeper should have renewed it or its mark should have landed.
+* ``lease_lapsed_store``: the same, but the time is covered by the earlier applier's store
+  calls failing or hanging (a renewal that raised, until the next one was due; store calls
+  that took ``SLOW_CALL_S`` or more; a mark in flight): the store did not answer in time.
 
-In the control (``no-dedup``) every duplicate copy runs its handler: its double applies are
-``no_dedup``, the point of having dedup, not a defect.
+Anything else is **unexplained**, with a note saying what the evidence showed, in particular a
+claim that succeeded **while an earlier claim of the key was live** (before its earliest
+possible lapse), or after an earlier CONSUMED mark was confirmed: a defect to fix, not a number
+to report. In the control (``no-dedup``) every duplicate copy runs its handler: its double
+applies are ``no_dedup``, the point of having dedup, not a defect.
 
 Each key not applied when the run ended (a *missing* key: lost if the run waited until its
 deadline, else still outstanding, see :mod:`bench.soak.accounting`) is classified too, by what
@@ -49,8 +67,20 @@ from typing import Collection, Dict, Iterable, List, Optional, Sequence, Tuple
 
 #: Redis ``appendfsync everysec``: a write is on disk within about a second; with margin.
 AOF_WINDOW_S = 2.5
+#: The store kills that can lose confirmed writes (Redis's AOF, above; see the module doc).
+LOSSY_STORE_KILLS = ("redis_kill",)
 #: An effect_error counts for an application if it is this close to the row's time.
 EFFECT_ERROR_WINDOW_S = 10.0
+#: The soak's lease (``dedup_processing_expire_milli_seconds``), seconds; the LeaseKeeper
+#: renews a held claim every third of it.
+LEASE_S = 10.0
+#: A store call this slow (seconds) counts as the store not answering in time.
+SLOW_CALL_S = 1.0
+#: A lapse is explained when stalls and slow store calls cover this share of the time in which
+#: a renewal or the mark was due (the watchdog does not report gaps under its threshold).
+COVERED_SHARE = 0.75
+#: Matching an effect row's time to its ``effect_begin`` line (written with 4 decimals).
+AT_TOLERANCE_S = 0.0002
 
 #: A nack this long before a broker restart may be lost with the restart (see the module doc).
 NACK_WINDOW_S = 10.0
@@ -69,15 +99,22 @@ MISSING_CAUSES = (
 #: Outcomes whose answer is an ack whatever the handler did (the handler did not run, or it
 #: succeeded; a ``consumed`` decision may end in ``:mark_ok``/``:mark_failed``).
 ACKED = ("consumed", "duplicate_consumed")
+#: Claim outcomes that hold the key (the ``claim`` line's first field).
+CLAIMED = ("claimed", "taken_over")
 
+WITHOUT_DEDUP = "ran_without_dedup"
 CAUSES = (
+    WITHOUT_DEDUP,
     "killed_before_mark",
-    "record_lost_with_store",
-    "ran_without_dedup",
     "mark_failed",
+    "record_lost_with_store",
     "ambiguous_effect_commit",
+    "lease_lapsed_under_stall",
+    "lease_lapsed_store",
     "no_dedup",
 )
+
+Span = Tuple[float, float]  # (start, end), seconds since the epoch
 
 
 @dataclass(frozen=True)
@@ -85,8 +122,9 @@ class Event:
     at: float
     pid: int
     key: str
-    kind: str  # effect, effect_error, decision, answer
-    detail: str
+    kind: str  # claim, renew, mark, release, effect_begin, effect, effect_error, decision,
+    detail: str  # answer, stall (key "-")
+    tid: int = 0  # the native thread that wrote it (0: not recorded)
 
 
 @dataclass(frozen=True)
@@ -98,7 +136,7 @@ class Effect:
 
 @dataclass(frozen=True)
 class Kill:
-    kind: str  # sigkill, redis_kill, mysql_kill
+    kind: str  # sigkill, redis_kill, mysql_kill, broker_restart
     at: float
     pid: Optional[int] = None  # the consumer killed (sigkill)
 
@@ -111,6 +149,9 @@ class Verdict:
     doubles: Dict[str, Optional[str]]  # key -> cause (None: unexplained)
     causes: Dict[str, int] = field(default_factory=dict)
     lost_causes: Dict[str, str] = field(default_factory=dict)  # key -> why it was not applied
+    #: key -> one entry per application: who applied it, its claim, and (after the first)
+    #: its cause or what made it unexplained
+    appliers: Dict[str, List[Dict[str, object]]] = field(default_factory=dict)
 
     @property
     def unexplained(self) -> List[str]:
@@ -118,17 +159,92 @@ class Verdict:
 
 
 def parse_events(lines: Iterable[str]) -> List[Event]:
-    """Evidence lines ``<time> <pid> <key> <kind> <detail>``; a torn last line is skipped."""
+    """Evidence lines ``<time> <pid> <thread id> <key> <kind> <detail>`` (or the older
+    ``<time> <pid> <key> <kind> <detail>``); a torn last line is skipped."""
     events = []
     for line in lines:
         parts = line.split()
-        if len(parts) != 5:
-            continue
         try:
-            events.append(Event(float(parts[0]), int(parts[1]), parts[2], parts[3], parts[4]))
+            if len(parts) == 6:
+                at, pid, tid, key, kind, detail = parts
+                events.append(Event(float(at), int(pid), key, kind, detail, int(tid)))
+            elif len(parts) == 5:
+                events.append(Event(float(parts[0]), int(parts[1]), *parts[2:]))
         except ValueError:
             continue
     return events
+
+
+def fields(detail: str) -> Dict[str, str]:
+    """A detail ``outcome,name=value,...`` as a dict (the outcome under ``""``)."""
+    out: Dict[str, str] = {}
+    for part in detail.split(","):
+        name, eq, value = part.partition("=")
+        if eq:
+            out[name] = value
+        else:
+            out.setdefault("", part)
+    return out
+
+
+def span(event: Event) -> Span:
+    """When the call an event reports ran: from its time less ``took`` to its time."""
+    took = fields(event.detail).get("took")
+    return (event.at - float(took), event.at) if took else (event.at, event.at)
+
+
+@dataclass
+class Applier:
+    """One application of a key (an effect row) and its thread's evidence."""
+
+    effect: Effect
+    tid: Optional[int] = None
+    claim: Optional[Event] = None
+    outcome: str = "none"  # the claim's: claimed, taken_over, refused, error; none: no line
+    owner: Optional[str] = None
+    writes: List[Span] = field(default_factory=list)  # confirmed: claim, renewals, mark
+    troubles: List[Span] = field(default_factory=list)  # store calls failed or slow, or in flight
+    mark: Optional[Event] = None
+    handler_end: Optional[float] = None  # its effect (or effect_error) line
+    effect_error: bool = False
+    without_dedup: bool = False
+    killed_at: Optional[float] = None
+
+    @property
+    def marked(self) -> Optional[Span]:
+        """When its CONSUMED mark ran, if it succeeded."""
+        if self.mark is not None and fields(self.mark.detail).get("") == "ok":
+            return span(self.mark)
+        return None
+
+    def describe(self) -> Dict[str, object]:
+        return {
+            "pid": self.effect.pid,
+            "at": round(self.effect.at, 4),
+            "claim": self.claim.detail if self.claim is not None else None,
+            "claim_at": round(self.claim.at, 4) if self.claim is not None else None,
+            "mark": self.mark.detail if self.mark is not None else None,
+        }
+
+
+@dataclass
+class Context:
+    """What every key's explanation shares: the lease, the kills, each process's stalls."""
+
+    lease_s: float
+    killed: Dict[int, float]  # pid -> when it was SIGKILLed
+    lossy_kills: List[float]  # when the store was killed in a way that loses writes
+    stalls: Dict[int, List[Span]]  # pid -> its watchdog's stalls
+
+
+def stalls_by_pid(events: Iterable[Event]) -> Dict[int, List[Span]]:
+    """pid -> the spans its watchdog measured stalled (``stall`` lines)."""
+    out: Dict[int, List[Span]] = defaultdict(list)
+    for event in events:
+        if event.kind == "stall":
+            gap = float(fields(event.detail).get("gap", "0"))
+            out[event.pid].append((event.at - gap, event.at))
+    return dict(out)
 
 
 def judge(
@@ -139,6 +255,7 @@ def judge(
     store_kill: str,
     dead_lettered: Collection[str] = (),
     dedup: bool = True,
+    lease_s: float = LEASE_S,
 ) -> Verdict:
     """The verdict on one mode: ``store_kill`` is the fault kind that restarts its store
     (``redis_kill`` or ``mysql_kill``); ``dead_lettered`` the keys found in the DLQ; ``dedup``
@@ -149,18 +266,22 @@ def judge(
     events_by_key: Dict[str, List[Event]] = defaultdict(list)
     for event in events:
         events_by_key[event.key].append(event)
-    killed = {k.pid: k.at for k in kills if k.kind == "sigkill" and k.pid is not None}
-    store_kills = [k.at for k in kills if k.kind == store_kill]
+    context = Context(
+        lease_s,
+        {k.pid: k.at for k in kills if k.kind == "sigkill" and k.pid is not None},
+        [k.at for k in kills if k.kind == store_kill and k.kind in LOSSY_STORE_KILLS],
+        stalls_by_pid(events),
+    )
     doubles: Dict[str, Optional[str]] = {}
+    appliers: Dict[str, List[Dict[str, object]]] = {}
     for key, applied in by_key.items():
         if len(applied) > 1:
             applied.sort(key=lambda e: e.at)
-            doubles[key] = (
-                explain(applied, events_by_key.get(key, []), killed, store_kills)
-                if dedup
-                else "no_dedup"
-            )
-    causes = {cause: 0 for cause in CAUSES}
+            if dedup:
+                doubles[key], appliers[key] = explain(applied, events_by_key.get(key, []), context)
+            else:
+                doubles[key] = "no_dedup"
+    causes: Dict[str, int] = defaultdict(int)
     for cause in doubles.values():
         if cause is not None:
             causes[cause] += 1
@@ -172,7 +293,7 @@ def judge(
         key: DEAD_LETTERED if key in dead else why_lost(events_by_key.get(key, []), restarts)
         for key in lost
     }
-    return Verdict(len(keys), applied_keys, lost, doubles, causes, lost_causes)
+    return Verdict(len(keys), applied_keys, lost, doubles, dict(causes), lost_causes, appliers)
 
 
 def why_lost(events: Sequence[Event], restarts: Sequence[float]) -> str:
@@ -189,38 +310,206 @@ def why_lost(events: Sequence[Event], restarts: Sequence[float]) -> str:
     return "not_redelivered"
 
 
+# -- one key applied more than once ----------------------------------------------------------
+
+
 def explain(
-    applied: Sequence[Effect],
-    events: Sequence[Event],
-    killed: Dict[int, float],
-    store_kills: Sequence[float],
-) -> Optional[str]:
-    """The cause of a key's second application, from its first application's evidence."""
-    first, second = applied[0], applied[1]
-    decisions = [e for e in events if e.kind == "decision"]
-    if any(e.detail.startswith("store_error_consumed") for e in decisions):
-        return "ran_without_dedup"
-    mine = [e for e in decisions if e.pid == first.pid and e.at >= first.at]
-    if any(
-        e.kind == "effect_error" and e.pid == first.pid and _near(e.at, first.at) for e in events
-    ):
-        return "ambiguous_effect_commit"
-    consumed = [e for e in mine if e.detail.startswith("consumed")]
-    if not consumed:
-        if first.pid in killed and killed[first.pid] >= first.at:
-            return "killed_before_mark"
-        return None
-    decided = consumed[0]
-    if decided.detail.endswith(":mark_failed"):
-        return "mark_failed"
-    lost_with = [at for at in store_kills if decided.at - 0.5 <= at <= decided.at + AOF_WINDOW_S]
-    if any(second.at > at for at in lost_with):
-        return "record_lost_with_store"
-    return None
+    applied: Sequence[Effect], events: Sequence[Event], context: Context
+) -> Tuple[Optional[str], List[Dict[str, object]]]:
+    """The cause of a key's extra applications (None if any of them is unexplained), and each
+    application's evidence and verdict. The appliers are taken in the order of their claims
+    (an applier that claimed first may write its effect last): each one after the first must
+    say why the records of those before it did not refuse its claim."""
+    ordered = sorted(events, key=lambda e: e.at)
+    appliers = sorted((applier_of(effect, ordered, context) for effect in applied), key=claim_time)
+    described = [appliers[0].describe()]
+    causes: List[Optional[str]] = []
+    for i, later in enumerate(appliers[1:], start=1):
+        cause, note = explain_later(later, appliers[:i], context)
+        causes.append(cause)
+        described.append({**later.describe(), "cause": cause, "note": note})
+    if any(cause is None for cause in causes):
+        return None, described
+    return causes[-1], described
 
 
-def _near(a: float, b: float) -> bool:
-    return abs(a - b) <= EFFECT_ERROR_WINDOW_S
+def claim_time(applier: Applier) -> float:
+    """When the applier's claim returned (its effect's time if no claim line)."""
+    return applier.claim.at if applier.claim is not None else applier.effect.at
+
+
+def applier_of(effect: Effect, events: Sequence[Event], context: Context) -> Applier:
+    """The evidence of the thread that wrote ``effect`` (``events``: its key's, in time
+    order)."""
+    applier = Applier(effect)
+    begin = next(
+        (
+            e
+            for e in events
+            if e.kind == "effect_begin"
+            and e.pid == effect.pid
+            and abs(e.at - effect.at) <= AT_TOLERANCE_S
+        ),
+        None,
+    )
+    if begin is not None:
+        applier.tid = begin.tid
+    mine = [
+        e
+        for e in events
+        if e.pid == effect.pid and (applier.tid is None or e.tid in (applier.tid, 0))
+    ]
+    claims = [e for e in mine if e.kind == "claim" and e.at <= effect.at + AT_TOLERANCE_S]
+    if claims:
+        applier.claim = claim = claims[-1]
+        claim_fields = fields(claim.detail)
+        applier.outcome = claim_fields.get("", "none")
+        applier.owner = claim_fields.get("owner")
+        applier.without_dedup = applier.outcome == "error"
+        if applier.outcome in CLAIMED:
+            applier.writes.append(span(claim))
+    after = [e for e in mine if e.at >= effect.at - AT_TOLERANCE_S]
+    ended = next((e for e in after if e.kind in ("effect", "effect_error")), None)
+    if ended is not None:
+        applier.handler_end = ended.at
+        applier.effect_error = ended.kind == "effect_error"
+    if applier.claim is None:  # (evidence without claim lines: the decision tells)
+        decided = next((e for e in after if e.kind == "decision"), None)
+        applier.without_dedup = decided is not None and decided.detail == "store_error_consumed"
+    if applier.owner is not None:
+        for event in events:
+            if event.kind not in ("renew", "mark"):
+                continue
+            said = fields(event.detail)
+            if said.get("owner") != applier.owner:
+                continue
+            outcome, call = said.get(""), span(event)
+            if outcome == "error" and event.kind == "renew":  # no other try until the next
+                applier.troubles.append((call[0], call[1] + context.lease_s / 3))  # renewal
+            elif outcome == "error" or call[1] - call[0] >= SLOW_CALL_S:
+                applier.troubles.append(call)
+            if event.kind == "renew" and outcome == "ok":
+                applier.writes.append(call)
+            if event.kind == "mark" and applier.mark is None:
+                applier.mark = event
+                if outcome == "ok":
+                    applier.writes.append(call)
+                    applier.troubles.append(call)  # the record's fate was in flight
+    killed = context.killed.get(effect.pid)
+    if killed is not None and killed >= effect.at:
+        marked = applier.marked
+        if marked is None or marked[1] > killed:
+            applier.killed_at = killed
+    applier.writes.sort()
+    return applier
+
+
+def explain_later(
+    later: Applier, earlier: Sequence[Applier], context: Context
+) -> Tuple[Optional[str], str]:
+    """Why ``later`` applied the key again after ``earlier`` had claimed it: (cause, note),
+    cause None when the evidence does not explain it."""
+    if later.without_dedup:
+        return WITHOUT_DEDUP, "its claim failed (store unreachable): ran without dedup"
+    if later.outcome not in CLAIMED or later.claim is None:
+        return None, f"applied after a claim that was {later.outcome}"
+    cause: Optional[str] = None
+    note = ""
+    for before in earlier:
+        cause, note = not_in_the_way(before, span(later.claim), context)
+        if cause is None:
+            return None, note
+    return cause, note
+
+
+def not_in_the_way(before: Applier, claim: Span, context: Context) -> Tuple[Optional[str], str]:
+    """Why ``before``'s record did not refuse a later claim (``claim``: when it ran): (cause,
+    note); cause None when it should have."""
+    who = f"pid {before.effect.pid}"
+    if before.without_dedup:
+        return WITHOUT_DEDUP, f"{who} ran without dedup: no record"
+    if before.outcome not in CLAIMED:
+        return None, f"{who} applied after a claim that was {before.outcome}"
+    if before.effect_error:
+        return "ambiguous_effect_commit", f"{who}'s effect raised: its claim was released"
+    lost = lost_with_store(before, claim, context)
+    marked = before.marked
+    if marked is not None and marked[1] <= claim[0]:
+        if lost:
+            return "record_lost_with_store", f"Redis was killed just after {who}'s mark"
+        return None, f"claimed {claim[0] - marked[1]:.3f}s after {who}'s CONSUMED mark"
+    confirmed = [w for w in before.writes if w[1] <= claim[0]]  # surely before the claim ran
+    lapse = confirmed[-1][0] + context.lease_s if confirmed else claim[1]  # earliest possible
+    if claim[1] < lapse or not confirmed:
+        if lost:
+            return "record_lost_with_store", f"Redis was killed just after {who}'s last write"
+        if not confirmed:
+            return None, f"claimed while {who}'s own claim was in flight: both won"
+        return None, (
+            f"claimed while {who}'s claim was live ({lapse - claim[1]:.3f}s before it could lapse)"
+        )
+    if before.killed_at is not None and before.killed_at <= lapse:
+        return "killed_before_mark", f"{who} was SIGKILLed after its effect, before its mark"
+    if before.mark is not None and marked is None:
+        return "mark_failed", f"{who}'s CONSUMED mark failed"
+    cause, note = lapse_cause(before, confirmed[-1], lapse, context)
+    if cause is None and lost:
+        return "record_lost_with_store", f"Redis was killed just after {who}'s last write"
+    return cause, note
+
+
+def lost_with_store(before: Applier, claim: Span, context: Context) -> bool:
+    """Whether ``before``'s record may have been lost with the store: killed within
+    AOF_WINDOW_S after its last confirmed write, before the later ``claim``, and not written
+    again between the restart and that claim."""
+    for kill in context.lossy_kills:
+        if kill >= claim[1]:
+            continue
+        written = [w for w in before.writes if w[0] <= kill + 0.5]
+        rewritten = any(kill + 0.5 < w[0] and w[1] < claim[0] for w in before.writes)
+        if written and kill - written[-1][1] <= AOF_WINDOW_S and not rewritten:
+            return True
+    return False
+
+
+def lapse_cause(
+    before: Applier, last: Span, lapse: float, context: Context
+) -> Tuple[Optional[str], str]:
+    """Why ``before``'s claim could lapse (at ``lapse``, a lease after its ``last`` confirmed
+    write) before it was marked: from when its next renewal was due (a third of a lease after
+    that write; its handler's end if that came first: the mark is due then, nothing renews
+    after the handler) to the lapse, its process stalled (``lease_lapsed_under_stall``) or its
+    store calls failed or hung (``lease_lapsed_store``), for COVERED_SHARE of that time. Else
+    unexplained."""
+    due = last[1] + context.lease_s / 3
+    if before.handler_end is not None and last[1] <= before.handler_end < due:
+        due = before.handler_end
+    window = (due, lapse)
+    length = max(lapse - due, 0.0)
+    stalls = context.stalls.get(before.effect.pid, [])
+    stalled = covered(stalls, window)
+    troubled = covered(before.troubles, window)
+    either = covered([*stalls, *before.troubles], window)
+    said = (
+        f"pid {before.effect.pid}'s claim could lapse {lapse - last[1]:.1f}s after its last "
+        f"confirmed write; of the {length:.1f}s in which a renewal or its mark was due, "
+        f"{stalled:.1f}s stalled, {troubled:.1f}s in failing or slow store calls"
+    )
+    if length == 0.0 or either < COVERED_SHARE * length:
+        return None, said
+    return ("lease_lapsed_under_stall" if stalled >= troubled else "lease_lapsed_store"), said
+
+
+def covered(spans: Iterable[Span], window: Span) -> float:
+    """Seconds of ``window`` inside the union of ``spans``."""
+    low, high = window
+    total, reach = 0.0, low
+    for start, end in sorted(spans):
+        start, end = max(start, reach), min(end, high)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 def summary(verdict: Verdict) -> Tuple[int, int]:

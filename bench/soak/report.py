@@ -27,6 +27,7 @@ COLUMNS = (
     ("drain", "drain s (end)"),
     ("msgs_per_s", "msgs/s"),
     ("cpu", "consumer CPU ms/msg"),
+    ("stalls", "stalls >= 1 s (longest s)"),
 )
 TIMELINE_STEP_S = 5.0
 
@@ -40,9 +41,16 @@ def _cell(result: Dict[str, Any], key: str) -> str:
         "nacks": sum(a["later"] for a in result["answers_by_kind"].values()),
         "drain": f"{result['drain_s']} ({result['drain_end']})",
         "cpu": result["cpu_ms_per_msg"].get("all"),
+        "stalls": _stalls(result.get("stalls")),
     }  # fmt: skip
     value = derived[key] if key in derived else result[key]
     return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _stalls(stalls: Any) -> str:
+    if not stalls:
+        return "-"
+    return f"{stalls['over_1s']:,} ({stalls['max_s']:.1f})"
 
 
 def _kind(kind: str) -> str:
@@ -84,6 +92,10 @@ def table(report: Dict[str, Any]) -> str:
             f"applied: {causes or 'none'}; deadline: {result['deadline']['rule']}; "
             f"faults: {faults}"
         )
+        for key in result.get("unexplained_keys", []):
+            appliers = result.get("double_applied_appliers", {}).get(key, [])
+            notes = "; ".join(str(a["note"]) for a in appliers if a.get("note"))
+            lines.append(f"  - unexplained `{key}`: {notes or 'no evidence'}")
     comparison = report.get("control") or {}
     if comparison:
         kinds = sorted({k for c in comparison.values() for k in c["missing_by_kind"]})

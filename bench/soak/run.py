@@ -54,6 +54,7 @@ LEASE_MS = 10_000  # a killed consumer's claims lapse after this; redeliveries t
 QUIET_S = 12.0  # the drain ends this long after the last decision, once every key is applied
 LATE_S = 60.0  # a key applied later than this after its send is "delayed" (lease + restart)
 STOP_GRACE_S = 5.0  # consumers get this long to stop after SIGTERM at the end
+MAX_DETAILED = 200  # double-applied keys whose appliers the report lists (unexplained first)
 SEND_DEADLINE_S = 180.0  # a send is retried this long (a broker restart took up to 88 s)
 #: Options the soak sets itself (its evidence is the metrics object; consumers restarted in an
 #: outage must start): refused in --options and --variant.
@@ -440,6 +441,7 @@ class ModeRun:
         verdict = evidence.judge(
             keys, effects, events, self.kills, STORE_KILL[self.mode],
             dead_lettered=self.dead_lettered, dedup=self.mode != CONTROL,
+            lease_s=LEASE_MS / 1000,
         )  # fmt: skip
         doubles, explained = evidence.summary(verdict)
         decisions = [e for e in events if e.kind == "decision"]
@@ -465,9 +467,16 @@ class ModeRun:
             "double_applied": doubles, "double_applied_explained": explained,
             "double_applied_causes": {k: v for k, v in verdict.causes.items() if v},
             "unexplained_keys": verdict.unexplained[:20],
+            "double_applied_appliers": {
+                key: verdict.appliers[key]
+                for key in sorted(verdict.appliers, key=lambda k: verdict.doubles[k] is not None)
+                [:MAX_DETAILED]
+            },
+            "stalls": accounting.stall_summary(events, kinds, self.start),
             "client_sendback_failures": sendback_failures(kinds),
             "dlq": self.dlq_messages, "polls": self.polls,
             "faults": self.faults_done,
+            "kills": [dataclasses.asdict(k) for k in self.kills],
             "send_retries": self.send_retries, "unsent": len(self.unsent),
             "drain_s": round(self.drain_s, 1), "drain_end": self.drain_end,
             **accounting.throughput(
@@ -599,7 +608,8 @@ class Batch:
                 victim.lock.acquire()  # one kill and restart of a slot at a time
             try:
                 for r, victim in zip(self.runs, victims, strict=True):
-                    r.kills.append(evidence.Kill("sigkill", time.time(), victim.sigkill()))
+                    pid = victim.sigkill()  # the time it was dead by: anything it wrote is
+                    r.kills.append(evidence.Kill("sigkill", time.time(), pid))  # before
                 for victim in victims:
                     victim.launch()
                 for victim in victims:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, List, NamedTuple
 
+from rocketmq_dedup.adapters.clients import check_one_client
 from rocketmq_dedup.errors import MissingExtraError
 from rocketmq_dedup.listener import BaseDedupListener
 from rocketmq_dedup.status import ConsumeStatus
@@ -19,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 def _client_module() -> Any:
+    check_one_client()  # both clients installed: the rocketmq package is neither whole
     try:
         import rocketmq
     except ImportError as exc:
@@ -69,8 +71,10 @@ def consume_simple(
     rest to become visible again after ``invisible_duration`` seconds (the proxy's minimum is
     10). Choose ``invisible_duration`` longer than the handlers of a batch take.
 
-    A failed ack is logged; the message is redelivered and acked then as a duplicate.
+    A failed ack is logged; the message is redelivered and acked then as a duplicate. Raises
+    :class:`~rocketmq_dedup.errors.ClientConflictError` when both clients are installed.
     """
+    check_one_client()  # read once per process, then a cached answer
     messages = consumer.receive(max_message_num, invisible_duration)
     if not messages:
         return SimpleRound(0, 0, 0)

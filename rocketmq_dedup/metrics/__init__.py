@@ -75,6 +75,12 @@ class DedupMetrics:
     def leases(self, application: str, renewed: int, lost: int) -> None:
         """Called after each lease renewal round: leases extended, and claims found taken over."""
 
+    def purge(self, table: str, deleted: int, lag_seconds: float) -> None:
+        """Called by a running :class:`~rocketmq_dedup.purger.Purger` after each batch: the
+        expired rows it deleted, and the purge lag, how long the longest-expired row its
+        current pass has met had been expired (seconds; it grows when the purge falls
+        behind, and stays where the last pass left it between passes)."""
+
     def handled(
         self,
         application: str,

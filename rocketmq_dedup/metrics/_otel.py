@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from rocketmq_dedup.errors import MissingExtraError
 from rocketmq_dedup.message import message_id
@@ -25,7 +25,9 @@ class OpenTelemetryMetrics(DedupMetrics):
     Instruments: ``rocketmq_dedup.messages`` (counter; attributes ``app``, ``topic``,
     ``outcome``), ``rocketmq_dedup.lease_renewals`` and ``rocketmq_dedup.leases_lost``
     (counters; ``app``), ``rocketmq_dedup.store.duration`` (histogram, s; ``app``, ``op``),
-    ``rocketmq_dedup.handler.duration`` (histogram, s; ``app``, ``topic``).
+    ``rocketmq_dedup.handler.duration`` (histogram, s; ``app``, ``topic``),
+    ``rocketmq_dedup.purge.deleted`` (counter; ``table``) and ``rocketmq_dedup.purge.lag``
+    (observable gauge, s; ``table``) from a running :class:`~rocketmq_dedup.Purger`.
 
     With ``spans=True`` each decision is recorded as a span ``<topic> dedup`` (kind CONSUMER)
     from the message's arrival to its answer, with the messaging attributes
@@ -59,6 +61,17 @@ class OpenTelemetryMetrics(DedupMetrics):
         )
         self._handler = meter.create_histogram(
             "rocketmq_dedup.handler.duration", unit="s", description="do_handle_msg"
+        )
+        self._purged = meter.create_counter(
+            "rocketmq_dedup.purge.deleted", unit="{row}", description="Expired rows purged"
+        )
+        self._purge_lag: Dict[str, float] = {}  # table: seconds, read by the gauge's callback
+        meter.create_observable_gauge(
+            "rocketmq_dedup.purge.lag",
+            callbacks=[self._observe_purge_lag],
+            unit="s",
+            description="How long the longest-expired row the purge's current pass met had been "
+            "expired",
         )
         self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider) if spans else None
 
@@ -100,3 +113,13 @@ class OpenTelemetryMetrics(DedupMetrics):
             self._renewals.add(renewed, {"app": application})
         if lost:
             self._lost.add(lost, {"app": application})
+
+    def purge(self, table: str, deleted: int, lag_seconds: float) -> None:
+        self._purged.add(deleted, {"table": table})
+        self._purge_lag[table] = lag_seconds
+
+    def _observe_purge_lag(self, options: Any) -> Iterable[Any]:
+        return [
+            otel_metrics.Observation(lag, {"table": table})
+            for table, lag in list(self._purge_lag.items())
+        ]

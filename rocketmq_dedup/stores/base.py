@@ -7,11 +7,18 @@ look-up, the exactly-once mode's check).
 
 Decisions (what a status means, what to do on failure) live in :mod:`rocketmq_dedup.strategy`;
 a concrete store only implements the ``do_*`` hooks. The public methods wrap every error once:
-an outage (what :meth:`DedupStore.is_outage` says) becomes
-:class:`~rocketmq_dedup.errors.StoreUnavailableError`, anything else (a missing table, a bug)
-:class:`~rocketmq_dedup.errors.StoreError`, with the original chained as ``__cause__``; and they
-check that a store answered one result per claim (a store that answers fewer is a defect, never
-a message run without dedup).
+a refusal a person must fix (what :meth:`DedupStore.misconfiguration` explains: a missing
+privilege or ACL rule, a read-only server) becomes
+:class:`~rocketmq_dedup.errors.StoreMisconfiguredError`, an outage (what
+:meth:`DedupStore.is_outage` says) :class:`~rocketmq_dedup.errors.StoreUnavailableError`,
+anything else (a missing table, a bug) :class:`~rocketmq_dedup.errors.StoreError`, with the
+original chained as ``__cause__``; and they check that a store answered one result per claim (a
+store that answers fewer is a defect, never a message run without dedup).
+
+The start-up check (:func:`rocketmq_dedup.stores.check_usable`) reaches the store
+(:meth:`DedupStore.check`), proves a server store can claim and release
+(:meth:`DedupStore.prove_writes`: probe records through the store's own write path) and logs
+what puts its records at risk (:meth:`DedupStore.risks`).
 
 Contract every store honours (tested in ``tests/shared/store_contract.py``):
 
@@ -27,6 +34,7 @@ Contract every store honours (tested in ``tests/shared/store_contract.py``):
 from __future__ import annotations
 
 import abc
+import logging
 import time
 from typing import (
     Any,
@@ -41,12 +49,26 @@ from typing import (
     TypeVar,
 )
 
-from rocketmq_dedup.errors import DedupError, StoreError, StoreUnavailableError
+from rocketmq_dedup.errors import (
+    DedupError,
+    StoreError,
+    StoreMisconfiguredError,
+    StoreUnavailableError,
+)
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.owner import claimed_at
+from rocketmq_dedup.owner import claimed_at, new_owner_token
 from rocketmq_dedup.status import DedupStatus
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+#: The probe records of :meth:`DedupStore.prove_writes` live under this topic, in the key space
+#: of the application that checks (an ACL rule that lets it write its own records lets it write
+#: them), and last at most :data:`PROBE_LEASE_MS` if the process dies before it releases them.
+PROBE_TOPIC = "rocketmq-dedup-probe"
+#: The application of the probe records when none is named (``rocketmq-dedup check``).
+PROBE_APPLICATION = "rocketmq-dedup"
+PROBE_LEASE_MS = 60_000
 
 
 class Claim(NamedTuple):
@@ -96,12 +118,17 @@ class ClaimResult(NamedTuple):
 
 
 class StoreStats(NamedTuple):
-    """Live records of one application, by status, and its longest-held claims."""
+    """Live records of one application, by status, its longest-held claims, and its oldest
+    CONSUMED record."""
 
     counts: Dict[str, int]
     """Records by status (``CONSUMING``, ``CONSUMED``; ``other`` for unreadable values)."""
     oldest_claims: List[Record]
     """CONSUMING records, longest held first (claims made by this library carry their time)."""
+    oldest_consumed: Optional[Record] = None
+    """The CONSUMED record with the least time left (the oldest, when every record has the
+    same retention: its age is the retention less its time left, or its owner token's time);
+    None when there is none."""
 
 
 class Diagnosis(NamedTuple):
@@ -110,6 +137,36 @@ class Diagnosis(NamedTuple):
     name: str
     ok: bool
     detail: str
+    warning: bool = False
+    """Passed, but names a setting that puts records at risk (a Redis that evicts keys)."""
+
+
+# -- per-message values, built without the class call ---------------------------------------
+# The one speed choice of issue 23's hot-path work that is kept, here and nowhere else.
+# ``Claim(...)`` runs the NamedTuple's ``__new__``, a Python function entered from C: on CPython
+# 3.11 about 0.1 us (1,200 instructions), where ``tuple.__new__(cls, values)`` is one C call. A
+# fresh message builds its element and its claim, a duplicate on the memory store also the
+# store's refusal (a record and a result). On a real path that is well under 1 % (a message
+# through the broker costs 52-75 us of consumer CPU); it is kept for the listener's own cost,
+# which the benchmarks hold to at most 1.25 times what it was before the consume path was made
+# one (BENCHMARKS.md, "Issue 32": without these, 8 % more per fresh message and 13 % more per
+# duplicate). Each function is typed like the class it builds and builds what the class would.
+
+
+def new_element(application: str, topic: str, tag: str, key: str) -> DedupElement:
+    """``DedupElement(application, topic, tag, key)``, for the path of every message."""
+    return tuple.__new__(DedupElement, (application, topic, tag, key))
+
+
+def new_claim(element: DedupElement, owner: str) -> Claim:
+    """``Claim(element, owner)``, for the path of every message."""
+    return tuple.__new__(Claim, (element, owner))
+
+
+def refused_by(status: Optional[DedupStatus], owner: Optional[str]) -> ClaimResult:
+    """``ClaimResult(False, Record(status, owner))``, a claim refused by a live record: for a
+    store's path of every duplicate."""
+    return tuple.__new__(ClaimResult, (False, tuple.__new__(Record, (status, owner, None, None))))
 
 
 CLAIMED = ClaimResult(True)
@@ -126,16 +183,16 @@ class DedupStore(abc.ABC):
     #: Whether :meth:`renew_many` works (lease renewal is skipped otherwise).
     supports_renewal = True
 
+    #: Whether :meth:`prove_writes` probes the store (the server stores do; a store in memory
+    #: cannot be misconfigured, and a user's store's claims may do what the library cannot
+    #: know).
+    proves_writes = False
+
     # -- public API: wraps driver errors, checks the number of results --------------------
 
     def claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         """Atomically claim ``claim.element`` for ``claim.owner`` for ``lease_ms`` ms."""
-        try:  # _call, inlined: every message passes here
-            return self.do_claim(claim, lease_ms)
-        except DedupError:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
+        return self._call(self.do_claim, claim, lease_ms)
 
     def claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         """Claim several elements at once: one result per claim, in order."""
@@ -147,24 +204,14 @@ class DedupStore(abc.ABC):
 
     def mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         """Record the claim's element as CONSUMED for ``retention_ms`` milliseconds."""
-        try:  # _call, inlined: every message passes here
-            self.do_mark_consumed(claim, retention_ms)
-        except DedupError:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
+        self._call(self.do_mark_consumed, claim, retention_ms)
 
     def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         """Record several elements as CONSUMED at once."""
-        try:  # _call, inlined: every message passes here
-            if len(claims) == 1:
-                self.do_mark_consumed(claims[0], retention_ms)
-            elif claims:
-                self.do_mark_consumed_many(claims, retention_ms)
-        except DedupError:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
+        if len(claims) == 1:  # stores have cheaper single-element paths
+            self._call(self.do_mark_consumed, claims[0], retention_ms)
+        elif claims:
+            self._call(self.do_mark_consumed_many, claims, retention_ms)
 
     def release(self, claim: Claim) -> bool:
         """Delete the CONSUMING claim; False if it is no longer this owner's."""
@@ -207,9 +254,35 @@ class DedupStore(abc.ABC):
         return record.status if record is not None else None
 
     def check(self) -> None:
-        """One round trip that proves the store is reachable and usable (Redis: PING; MySQL:
-        connect and ``SELECT 1``). Raises :class:`StoreError`."""
+        """One round trip that proves the store is reachable (Redis: PING; MySQL: connect and
+        ``SELECT CURRENT_USER()``); nothing is written. Raises :class:`StoreError`."""
         self._call(self.do_check)
+
+    def prove_writes(self, application: str = PROBE_APPLICATION) -> None:
+        """Prove the store can claim and release, through its own write path: claim a probe
+        record alone and two more in one call, renew them, read one and release them
+        (Redis: the commands and scripts a message costs; MySQL: INSERT, UPDATE, SELECT and
+        DELETE on the table). The records live in ``application``'s key space under
+        :data:`PROBE_TOPIC` and are gone afterwards. Raises
+        :class:`~rocketmq_dedup.errors.StoreMisconfiguredError` naming the missing
+        privilege, ACL rule or the read-only server, else :class:`StoreError`. Does nothing
+        for a store that does not prove its writes (:attr:`proves_writes`)."""
+        if not self.proves_writes:
+            return
+        owner = new_owner_token()
+        elements = [DedupElement(application, PROBE_TOPIC, "", f"{owner}-{n}") for n in (1, 2, 3)]
+        self._call(self.do_prove_writes, [Claim(element, owner) for element in elements])
+
+    def risks(self) -> List[str]:
+        """Settings of the server that put records at risk without failing any operation (a
+        Redis ``maxmemory-policy`` that evicts keys), one sentence each: the start-up check
+        logs them at WARNING. What the store may not read is logged at INFO and left out;
+        never raises."""
+        try:
+            return self.do_risks()
+        except Exception as exc:
+            logger.info("%s: could not read the server's settings (%s)", self.describe(), exc)
+            return []
 
     # -- operator API (the CLI) ---------------------------------------------------------
 
@@ -223,10 +296,24 @@ class DedupStore(abc.ABC):
         """Live records of ``application`` by status, and its ``limit`` longest-held claims."""
         return self._call(self.do_stats, application, limit)
 
-    def diagnose(self) -> List[Diagnosis]:
+    def diagnose(self, application: str = PROBE_APPLICATION) -> List[Diagnosis]:
         """Checks of the server and the features this store uses (version, scripts, table
-        layout, round-trip time), for ``rocketmq-dedup check``."""
-        return self._call(self.do_diagnose)
+        layout, round-trip time) and, when they pass, of its writes
+        (:meth:`prove_writes` in ``application``'s key space), for ``rocketmq-dedup check``."""
+        checks = self._call(self.do_diagnose)
+        # (after a failed check, e.g. a missing table, the probe would only repeat it)
+        if self.proves_writes and all(check.ok for check in checks):
+            checks.append(self._writes_diagnosis(application))
+        return checks
+
+    def _writes_diagnosis(self, application: str) -> Diagnosis:
+        try:
+            self.prove_writes(application)
+        except StoreMisconfiguredError as exc:
+            return Diagnosis("writes", False, f"{exc.fix} ({exc.__cause__ or exc})")
+        except StoreError as exc:
+            return Diagnosis("writes", False, str(exc.__cause__ or exc))
+        return Diagnosis("writes", True, "claimed, renewed, read and released probe records")
 
     def describe(self) -> str:
         """Where the records live, for messages (an address; never a password)."""
@@ -236,10 +323,18 @@ class DedupStore(abc.ABC):
         """Release client resources the store created itself (never the user's client)."""
 
     def is_outage(self, exc: BaseException) -> bool:
-        """True if ``exc`` means the store is unavailable (an outage), not a defect."""
+        """True if ``exc`` means the store is unavailable (an outage), not a defect; never
+        for a :meth:`misconfiguration`."""
         return isinstance(exc, self.outage_errors)
 
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """What a person must fix when ``exc`` is the server refusing for a reason that will
+        not pass by itself (a missing privilege or ACL rule, a read-only server, refused
+        credentials); None for anything else. The default knows none."""
+        return None
+
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, its errors wrapped once (:meth:`wrap_error`)."""
         try:
             return fn(*args)
         except DedupError:
@@ -248,11 +343,16 @@ class DedupStore(abc.ABC):
             raise self.wrap_error(exc) from exc
 
     def wrap_error(self, exc: Exception) -> StoreError:
-        """The error a hook's ``exc`` becomes: :class:`StoreUnavailableError` for an outage
-        (:meth:`is_outage`), else :class:`StoreError`; a store may tell more kinds apart (the
-        Redis store: an exhausted client pool)."""
+        """The error a hook's ``exc`` becomes: :class:`StoreMisconfiguredError` for a refusal
+        a person must fix (:meth:`misconfiguration`), :class:`StoreUnavailableError` for an
+        outage (:meth:`is_outage`), else :class:`StoreError`; a store may tell more kinds apart
+        (the Redis store: an exhausted client pool)."""
+        message = f"{self.describe()}: {type(exc).__name__}: {exc}"
+        fix = self.misconfiguration(exc)
+        if fix is not None:
+            return StoreMisconfiguredError(message, fix)
         kind = StoreUnavailableError if self.is_outage(exc) else StoreError
-        return kind(f"{self.describe()}: {type(exc).__name__}: {exc}")
+        return kind(message)
 
     def _one_each(self, results: List[T], asked: Sequence[Any], op: str) -> List[T]:
         """``results`` if it has one entry per item ``asked``; else a store defect (never a
@@ -302,6 +402,40 @@ class DedupStore(abc.ABC):
     def do_check(self) -> None:  # noqa: B027 - optional hook
         """Prove the store is reachable; the default has nothing to check."""
 
+    def do_prove_writes(self, claims: List[Claim]) -> None:
+        """Claim the first probe alone and the others in one call, renew them all, read the
+        first and release them all (the store's single and batch paths); raise what the store
+        raised, or :class:`StoreError` when it answered wrong."""
+        lease = PROBE_LEASE_MS
+        try:
+            results = [self.do_claim(claims[0], lease), *self.do_claim_many(claims[1:], lease)]
+            if not all(result.claimed for result in results):
+                raise StoreError(f"{self.describe()}: a new probe record was not claimed")
+            # A longer lease than the claim's: a renewal that rewrites the same expiry in the
+            # same millisecond changes no row, and MySQL counts only changed rows.
+            if self.supports_renewal and not all(self.do_renew_many(claims, 2 * lease)):
+                raise StoreError(f"{self.describe()}: a claimed probe record was not renewed")
+            record = self.do_read(claims[0].element)
+            if (
+                record is None
+                or record.status is not DedupStatus.CONSUMING
+                or record.owner not in (None, claims[0].owner)
+            ):
+                raise StoreError(f"{self.describe()}: a claimed probe record reads {record}")
+        except BaseException:
+            try:  # best effort: the first error is the one to report
+                self.do_release_many(claims)
+            except Exception:
+                logger.debug("releasing the probe records failed", exc_info=True)
+            raise
+        released = self.do_release_many(claims)
+        if released != len(claims):
+            raise StoreError(f"{self.describe()}: released {released} of {len(claims)} probes")
+
+    def do_risks(self) -> List[str]:
+        """Settings that put records at risk (see :meth:`risks`); the default knows none."""
+        return []
+
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
         raise NotImplementedError(f"{type(self).__name__} cannot delete records")
 
@@ -348,6 +482,20 @@ def oldest_claims(records: List[Record], limit: int) -> List[Record]:
     claims = [r for r in records if r.status is DedupStatus.CONSUMING]
     claims.sort(key=lambda r: (claimed_at(r.owner or "") or float("inf"), r.expires_in_ms or 0))
     return claims[:limit]
+
+
+def oldest_consumed(records: List[Record]) -> Optional[Record]:
+    """The CONSUMED record among ``records`` with the least time left, or None."""
+    consumed = [r for r in records if r.status is DedupStatus.CONSUMED]
+    return min(consumed, key=lambda r: r.expires_in_ms or 0, default=None)
+
+
+def records_stats(records: List[Record], limit: int) -> StoreStats:
+    """:class:`StoreStats` of the listed ``records`` of one application (the stores that list
+    every record: Redis, memory)."""
+    return StoreStats(
+        count_statuses(records), oldest_claims(records, limit), oldest_consumed(records)
+    )
 
 
 def count_statuses(records: List[Record]) -> Dict[str, int]:

@@ -15,8 +15,8 @@ from rocketmq_dedup.stores.base import (
     PerElementStore,
     Record,
     StoreStats,
-    count_statuses,
-    oldest_claims,
+    records_stats,
+    refused_by,
 )
 
 #: A record: (consumed, owner, expires at in clock seconds), kept under its element's fields as
@@ -27,7 +27,6 @@ from rocketmq_dedup.stores.base import (
 _Entry = Tuple[bool, str, float]
 _Key = Tuple[str, str, str, str]
 _STATUS = {True: DedupStatus.CONSUMED, False: DedupStatus.CONSUMING}
-_new_tuple = tuple.__new__
 
 
 #: Expired records are swept when the store has grown by this many records since the last
@@ -96,9 +95,7 @@ class MemoryDedupStore(PerElementStore):
                     return CLAIMED
             finally:
                 lock.release()
-        return _new_tuple(
-            ClaimResult, (False, _new_tuple(Record, (_STATUS[entry[0]], entry[1], None, None)))
-        )
+        return refused_by(_STATUS[entry[0]], entry[1])
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         expires = self._clock() + retention_ms / 1000
@@ -158,4 +155,4 @@ class MemoryDedupStore(PerElementStore):
                 for e, r in self._records.items()
                 if e[0] == application and r[2] > now
             ]
-        return StoreStats(count_statuses(records), oldest_claims(records, limit))
+        return records_stats(records, limit)

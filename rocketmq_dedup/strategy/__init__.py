@@ -1,7 +1,8 @@
 """How a listener consumes messages: :mod:`.rules` (what handlers return and what keys are),
 :mod:`.base` (the entry points, the pass-through strategy and the consume template),
-:mod:`.plain` (claim, handler, CONSUMED or release) and :mod:`.exactly_once` (the handler's
-writes and the record in one transaction). :func:`make_strategy` picks one."""
+:mod:`.plain` (:class:`ClaimStrategy`: claim, handler, CONSUMED or release) and
+:mod:`.exactly_once` (the handler's writes and the record in one transaction).
+:func:`make_strategy` picks one."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rocketmq_dedup.strategy.base import (
     PassThroughStrategy,
     Strategy,
 )
-from rocketmq_dedup.strategy.plain import DedupStrategy
+from rocketmq_dedup.strategy.plain import ClaimStrategy
 from rocketmq_dedup.strategy.rules import (
     LATER,
     SUCCESS,
@@ -29,16 +30,16 @@ from rocketmq_dedup.strategy.rules import (
 
 def make_strategy(config: Optional[DedupConfig], hooks: Hooks) -> Strategy:
     """The plain strategy for ``config``: dedup, or pass-through when it is None or disabled."""
-    if config is None or not config.enabled or config.persist is None:
+    if config is None or not config.enabled or config.store is None:
         return PassThroughStrategy(hooks, config)
-    return DedupStrategy(config, hooks)
+    return ClaimStrategy(config, hooks)
 
 
 __all__ = [
     "LATER",
     "SUCCESS",
     "BatchResult",
-    "DedupStrategy",
+    "ClaimStrategy",
     "DedupTemplate",
     "Delivery",
     "KeyRefused",

@@ -1,7 +1,7 @@
 """How a listener consumes messages: the entry points every strategy offers, the pass-through
 strategy (dedup off), and the one consume template the dedup strategies share.
 
-The template, per batch (one message is a batch of one)::
+The template, per batch (:meth:`DedupTemplate.consume`)::
 
     key      each message's key -> its element (None/"" -> no dedup; refused/raised -> LATER)
     claim    the strategy's claim step (:meth:`DedupTemplate._claim`): decides what it can
@@ -10,25 +10,46 @@ The template, per batch (one message is a batch of one)::
     run      each message not decided yet, in order (:meth:`DedupTemplate._run`); a batch that
              stops at its first failure leaves the rest to the broker
     finish   whatever happened: the held deliveries are settled (:meth:`DedupTemplate._finish`)
-    report   one decision per answered message to the metrics, if any
+    report   one decision per answered message to the metrics (the snapshot's meter)
+
+A strategy may take one message through the same steps without the batch's lists (the plain
+strategy's ``consume_one``). What is timed and reported is chosen once per settings change, by
+the snapshot's :class:`~rocketmq_dedup.metrics.meter.Meter`, not branched on per message.
 
 The decisions shared by both dedup strategies live here too: what a refusing record means
-(:meth:`DedupTemplate._duplicate_status`, with the payload check), what a store outage does
-(:meth:`DedupTemplate._store_failed`), hooks that raise, local retries, metrics.
+(:data:`DUPLICATE_ANSWERS`, :meth:`DedupTemplate._duplicate_status` with the payload check),
+what a store outage does (:meth:`DedupTemplate._store_failed`), hooks that raise, local retries.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Sequence, TypeVar
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
 
 from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.config import DedupConfig, Snapshot
-from rocketmq_dedup.errors import StoreError, StoreLockConflictError, StoreUnavailableError
+from rocketmq_dedup.errors import (
+    StoreError,
+    StoreLockConflictError,
+    StoreMisconfiguredError,
+    StoreUnavailableError,
+)
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.message import DedupElement, message_topic, message_topic_tag
-from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
+from rocketmq_dedup.metrics import StoreOp
+from rocketmq_dedup.metrics.meter import StoreCall
 from rocketmq_dedup.owner import fingerprint_in, fingerprint_of
 from rocketmq_dedup.status import (
     ConsumeStatus,
@@ -37,20 +58,12 @@ from rocketmq_dedup.status import (
     PayloadMismatch,
     StoreFailurePolicy,
 )
-from rocketmq_dedup.stores.base import Claim, DedupStore, Record
+from rocketmq_dedup.stores.base import Claim, DedupStore, Record, new_element
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, KeyRefused, key_text, run_handler
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_new_tuple = tuple.__new__
-# Enum members read on every message, as module globals: an Enum class's attribute costs about
-# 0.1 us on Python 3.11, a global 0.01 us.
-_CONSUMED, _CONSUMING = DedupStatus.CONSUMED, DedupStatus.CONSUMING
-_DUPLICATE_CONSUMED, _DUPLICATE_IN_PROGRESS = (
-    Outcome.DUPLICATE_CONSUMED,
-    Outcome.DUPLICATE_IN_PROGRESS,
-)
 
 
 class BatchResult(NamedTuple):
@@ -141,7 +154,7 @@ def retry_locally(
 
 class Delivery:
     """One message of a batch on its way through the template. The fields the template sets
-    only for some messages default to None at class level, so making one sets two."""
+    only for some messages default to None at class level."""
 
     element: Optional[DedupElement] = None
     """None: consumed without dedup."""
@@ -154,23 +167,31 @@ class Delivery:
     outcome: Optional[Outcome] = None
     """For metrics; set once decided."""
     handler_seconds: Optional[float] = None
-    """Timed only with metrics."""
+    """How long the handler ran (0.0 without metrics: the meter's clock reads 0)."""
     fingerprint: Optional[str] = None
     """The payload's, with payload_fingerprint."""
-    started: int = 0
-    """``time.time_ns()`` when it arrived (with metrics that want it)."""
+    claim_seconds: Optional[float] = None
+    mark_seconds: Optional[float] = None
+    store_calls: Tuple[StoreCall, ...] = ()
+    """The single-message path's store timings (the claim's and the mark's when they
+    succeed, any other call as a record), kept by the meter and reported with the decision;
+    a batch's are reported as they return."""
 
-    position: int = 0
-    """In the batch, and so in the statuses."""
-
-    def __init__(self, position: int, msg: Any) -> None:
+    def __init__(self, position: int, msg: Any, started: int = 0) -> None:
         self.position = position
+        """In the batch, and so in the statuses."""
         self.msg = msg
+        self.started = started
+        """``time.time_ns()`` when it arrived, for metrics that want it; else 0."""
 
 
-#: ``Delivery(0, msg)`` for the single-message path, without the ``__init__`` frame (0.1 us):
-#: ``delivery = new_delivery(Delivery); delivery.msg = msg``.
-new_delivery = object.__new__
+#: The answer to a message whose key has a live record of another attempt, by the record's
+#: status: its outcome and what the broker is told. A status not in it (None: a record this
+#: library cannot read) is for the strategy to decide.
+DUPLICATE_ANSWERS: Dict[Optional[DedupStatus], Tuple[Outcome, ConsumeStatus]] = {
+    DedupStatus.CONSUMED: (Outcome.DUPLICATE_CONSUMED, SUCCESS),
+    DedupStatus.CONSUMING: (Outcome.DUPLICATE_IN_PROGRESS, LATER),
+}
 
 
 class DedupTemplate(Strategy):
@@ -179,17 +200,16 @@ class DedupTemplate(Strategy):
 
     def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
         super().__init__(hooks)
-        if config.persist is None:
+        if config.store is None:
             raise ValueError(f"{type(self).__name__} needs a config with a store")
         self.config = config
-        self.store: DedupStore = config.persist
+        self.store: DedupStore = config.store
         self._log = RateLimitedLog(logger)
 
     def consume(self, msgs: Sequence[Any], stop_at_failure: bool = False) -> List[ConsumeStatus]:
         snap = self.config.snapshot()
-        metrics = snap.metrics
-        started = time.time_ns() if metrics is not None else 0
-        deliveries = [Delivery(i, msg) for i, msg in enumerate(msgs)]
+        started = snap.meter.arrival()
+        deliveries = [Delivery(i, msg, started) for i, msg in enumerate(msgs)]
         keyed = [d for d in deliveries if self._key(d, snap)]
         held = self._claim(keyed, snap) if keyed else []
         statuses: List[ConsumeStatus] = []
@@ -204,8 +224,8 @@ class DedupTemplate(Strategy):
         finally:  # whatever happened, nothing stays held by this call
             if held:
                 self._finish(held, statuses, snap)
-            if metrics is not None:
-                self._report(metrics, snap, deliveries, len(statuses), started)
+            # those after a batch's first failure are counted when they come back
+            snap.meter.report(deliveries[: len(statuses)])
         if len(statuses) < len(deliveries):  # stopped at a failure
             statuses += [LATER] * (len(deliveries) - len(statuses))
         return statuses
@@ -229,39 +249,45 @@ class DedupTemplate(Strategy):
     # -- the key step ----------------------------------------------------------------------
 
     def _key(self, delivery: Delivery, snap: Snapshot) -> bool:
-        """Set ``delivery.element`` (or its status when the key is refused); True if keyed."""
+        """Set ``delivery.element`` (the key as text: :func:`key_text`) and return True;
+        False when the message is consumed without dedup (no key, or an empty one: outcome
+        NO_KEY) or is decided (a refused key, a hook that raised: status LATER)."""
         msg = delivery.msg
         try:
             raw = self.hooks.key_of(msg)
-            if raw is None:
-                logger.debug("dedup key is None; consuming without dedup")
-                delivery.outcome = Outcome.NO_KEY
-                return False
-            key = raw if type(raw) is str else key_text(raw)
+            key = raw if type(raw) is str or raw is None else key_text(raw)
         except KeyRefused as exc:
             self._log.log(logging.ERROR, "dedup_message_key: %s; consume later", exc)
             delivery.status, delivery.outcome = LATER, Outcome.KEY_ERROR
             return False
         except Exception:
             return self._hook_failed(delivery, "dedup_message_key")
-        topic, tag = message_topic_tag(msg)
         if not key:
-            self._log.log(
-                logging.WARNING,
-                "dedup key is empty for a message of topic %r; consuming without dedup",
-                topic,
-            )
+            if key is None:
+                logger.debug("dedup key is None; consuming without dedup")
+            else:
+                self._log.log(
+                    logging.WARNING,
+                    "dedup key is empty for a message of topic %r; consuming without dedup",
+                    message_topic(msg),
+                )
             delivery.outcome = Outcome.NO_KEY
             return False
-        payload_of = self.hooks.payload_of
-        if payload_of is not None:
-            try:
-                payload = _payload_bytes(payload_of(msg))
-                if payload is not None:
-                    delivery.fingerprint = fingerprint_of(payload)
-            except Exception:
-                return self._hook_failed(delivery, "payload_fingerprint")
-        delivery.element = _new_tuple(DedupElement, (snap.application_name, topic, tag, key))
+        if self.hooks.payload_of is not None and not self._fingerprint(delivery):
+            return False
+        topic, tag = message_topic_tag(msg)
+        delivery.element = new_element(snap.application_name, topic, tag, key)
+        return True
+
+    def _fingerprint(self, delivery: Delivery) -> bool:
+        """Fingerprint the payload (listeners that define ``payload_fingerprint``); False
+        when the hook raised (the message is then decided)."""
+        try:
+            payload = _payload_bytes(self.hooks.payload_of(delivery.msg))  # type: ignore[misc]
+        except Exception:
+            return self._hook_failed(delivery, "payload_fingerprint")
+        if payload is not None:
+            delivery.fingerprint = fingerprint_of(payload)
         return True
 
     def _hook_failed(self, delivery: Delivery, hook: str) -> bool:
@@ -277,9 +303,10 @@ class DedupTemplate(Strategy):
 
     def _store_failed(self, deliveries: List[Delivery], exc: StoreError, snap: Snapshot) -> None:
         """The store could not decide for ``deliveries``: an outage applies the policy (run
-        without dedup, or RECONSUME_LATER: :meth:`_outage_runs_without_dedup`); a defect is
-        RECONSUME_LATER, logged as an error; a lock conflict is RECONSUME_LATER, logged as
-        what it is (another session held the record's lock)."""
+        without dedup, or RECONSUME_LATER: :meth:`_outage_runs_without_dedup`); a refusal a
+        person must fix (a missing privilege, a read-only server) and a defect are
+        RECONSUME_LATER, logged as errors; a lock conflict is RECONSUME_LATER, logged as what it
+        is (another session held the record's lock)."""
         if isinstance(exc, StoreLockConflictError):
             self._log.log(
                 logging.WARNING,
@@ -291,7 +318,18 @@ class DedupTemplate(Strategy):
             for delivery in deliveries:
                 delivery.status, delivery.outcome = LATER, Outcome.LOCK_CONFLICT
             return
-        if not isinstance(exc, StoreUnavailableError):
+        outcome = Outcome.STORE_ERROR_LATER
+        if isinstance(exc, StoreMisconfiguredError):
+            outcome = Outcome.STORE_MISCONFIGURED
+            self._log.log(
+                logging.ERROR,
+                "the dedup store refused the operation: %s; %d message(s) will be consumed "
+                "later (a configuration a person must fix, not an outage: never consumed "
+                "without dedup)",
+                exc,
+                len(deliveries),
+            )
+        elif not isinstance(exc, StoreUnavailableError):
             self._log.log(
                 logging.ERROR,
                 "dedup store error (%s); %d message(s) will be consumed later",
@@ -319,7 +357,7 @@ class DedupTemplate(Strategy):
                 self._OUTAGE_LATER_REASON,
             )
         for delivery in deliveries:
-            delivery.status, delivery.outcome = LATER, Outcome.STORE_ERROR_LATER
+            delivery.status, delivery.outcome = LATER, outcome
 
     #: Why an outage is answered RECONSUME_LATER, for the log line.
     _OUTAGE_LATER_REASON = "store_failure_policy='reconsume_later'"
@@ -331,32 +369,23 @@ class DedupTemplate(Strategy):
     def _duplicate_status(
         self, delivery: Delivery, record: Optional[Record], snap: Snapshot
     ) -> Optional[ConsumeStatus]:
-        """The answer for a message whose key has a live ``record`` of another attempt; None
-        means "run the handler without dedup" (a record this library cannot read, as the Java
-        original does)."""
+        """The answer for a message whose key has a live ``record`` of another attempt
+        (:data:`DUPLICATE_ANSWERS`, after the payload check); None means "run the handler
+        without dedup" (a record this library cannot read, as the Java original does)."""
         status = record.status if record is not None else None
-        if delivery.fingerprint is not None and status is not None:
-            theirs = fingerprint_in(record.owner if record is not None else None)
-            if theirs is not None and theirs != delivery.fingerprint:
-                return self._payload_mismatch(delivery, status, snap)
-        if status is _CONSUMED or status is _CONSUMING:
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("%r: a duplicate of a %s record", delivery.element, status.value)
-            if self.hooks.on_duplicate is not None:
-                return self._duplicate(delivery, status)
-            # _duplicate without the hook, inlined: every duplicate passes here
-            if status is _CONSUMED:
-                delivery.outcome = _DUPLICATE_CONSUMED
-                return SUCCESS
-            delivery.outcome = _DUPLICATE_IN_PROGRESS
-            return LATER
-        self._log.log(
-            logging.WARNING,
-            "%r has a record this library cannot read; consuming without dedup",
-            delivery.element,
-        )
-        delivery.outcome = Outcome.STORE_ERROR_CONSUMED
-        return None
+        if status not in DUPLICATE_ANSWERS:
+            self._log.log(
+                logging.WARNING,
+                "%r has a record this library cannot read; consuming without dedup",
+                delivery.element,
+            )
+            delivery.outcome = Outcome.STORE_ERROR_CONSUMED
+            return None
+        if delivery.fingerprint is not None and _payload_differs(delivery, record):
+            return self._payload_mismatch(delivery, status, snap)  # type: ignore[arg-type]
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%r: a duplicate of a %s record", delivery.element, status)
+        return self._duplicate(delivery, status)  # type: ignore[arg-type]
 
     def _payload_mismatch(
         self, delivery: Delivery, status: DedupStatus, snap: Snapshot
@@ -372,21 +401,15 @@ class DedupTemplate(Strategy):
             delivery.element,
             "consume later (payload_mismatch='reject')" if reject else "treated as a duplicate",
         )
-        if reject:
-            delivery.outcome = Outcome.PAYLOAD_MISMATCH
-            return LATER
-        answer = self._duplicate(delivery, status)
+        answer = LATER if reject else self._duplicate(delivery, status)
         delivery.outcome = Outcome.PAYLOAD_MISMATCH
         return answer
 
     def _duplicate(self, delivery: Delivery, status: DedupStatus) -> ConsumeStatus:
-        """A duplicate answered without its handler: acked when its twin is CONSUMED, else
-        RECONSUME_LATER. Calls the listener's ``on_duplicate`` (its exceptions are logged, no
-        more)."""
-        if status is _CONSUMED:
-            delivery.outcome, answer = _DUPLICATE_CONSUMED, SUCCESS
-        else:
-            delivery.outcome, answer = _DUPLICATE_IN_PROGRESS, LATER
+        """A duplicate answered without its handler (:data:`DUPLICATE_ANSWERS`): acked when
+        its twin is CONSUMED, else RECONSUME_LATER. Calls the listener's ``on_duplicate`` (its
+        exceptions are logged, no more)."""
+        delivery.outcome, answer = DUPLICATE_ANSWERS[status]
         on_duplicate = self.hooks.on_duplicate
         if on_duplicate is not None:
             try:
@@ -398,70 +421,15 @@ class DedupTemplate(Strategy):
     # -- metrics -------------------------------------------------------------------------
 
     def _store_call(self, snap: Snapshot, op: StoreOp, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, timed for the metrics when there are any."""
-        metrics = snap.metrics
-        if metrics is None:
-            return fn(*args)
-        begin = time.perf_counter()
-        try:
-            result = fn(*args)
-        except BaseException:
-            self._time_store_call(metrics, snap, op, time.perf_counter() - begin, False)
-            raise
-        try:  # inline: the success path is per message
-            metrics.store_operation(snap.application_name, op, time.perf_counter() - begin, True)
-        except Exception:
-            self._metrics_failed()
-        return result
+        """``fn(*args)``, a store call for several messages (or none), timed and reported by
+        the snapshot's meter."""
+        return snap.meter.store_call(op, fn, *args)
 
-    def _time_store_call(
-        self, metrics: DedupMetrics, snap: Snapshot, op: StoreOp, seconds: float, ok: bool
-    ) -> None:
-        try:
-            metrics.store_operation(snap.application_name, op, seconds, ok)
-        except Exception:
-            self._metrics_failed()
 
-    def _report(
-        self,
-        metrics: DedupMetrics,
-        snap: Snapshot,
-        deliveries: List[Delivery],
-        reached: int,
-        started: int,
-    ) -> None:
-        """One decision per message that got an answer (those after a batch's first failure
-        are not counted: they are counted when they come back)."""
-        for delivery in deliveries[:reached]:
-            if delivery.outcome is not None:
-                self._decided(metrics, snap, delivery, started)
-
-    def _decided(
-        self, metrics: DedupMetrics, snap: Snapshot, delivery: Delivery, started: int
-    ) -> None:
-        """Report one message's decision."""
-        msg, element = delivery.msg, delivery.element
-        topic = element.topic if element is not None else message_topic(msg)
-        try:
-            # tuple.__new__: a NamedTuple's own __new__ costs 0.2 us, a fifth of the budget
-            metrics.message(
-                _new_tuple(
-                    Decision,
-                    (
-                        snap.application_name,
-                        topic,
-                        delivery.outcome,
-                        msg,
-                        started,
-                        delivery.handler_seconds,
-                    ),
-                )
-            )
-        except Exception:
-            self._metrics_failed()
-
-    def _metrics_failed(self) -> None:
-        self._log.log(logging.ERROR, "the metrics object raised; ignored", exc_info=True)
+def _payload_differs(delivery: Delivery, record: Optional[Record]) -> bool:
+    """Whether the refusing record's owner carries another payload's fingerprint."""
+    theirs = fingerprint_in(record.owner if record is not None else None)
+    return theirs is not None and theirs != delivery.fingerprint
 
 
 def _payload_bytes(value: Any) -> Optional[bytes]:

@@ -43,6 +43,7 @@ from rocketmq_dedup.errors import (
     DedupConfigError,
     StoreError,
     StoreLockConflictError,
+    StoreMisconfiguredError,
     StoreUnavailableError,
     TransactionMisuseError,
 )
@@ -328,7 +329,7 @@ class TransactionalStrategy(DedupTemplate):
 
     def _transaction_failed(self, delivery: Delivery, exc: StoreError) -> None:
         """A statement of the dedup layer failed: logged as what it is (an outage, a lock
-        conflict, a defect); the message is consumed later."""
+        conflict, a refusal a person must fix, a defect); the message is consumed later."""
         if isinstance(exc, StoreLockConflictError):
             delivery.outcome = Outcome.LOCK_CONFLICT
             self._log.log(
@@ -336,6 +337,15 @@ class TransactionalStrategy(DedupTemplate):
                 "a lock wait timed out or a deadlock was broken in the message's transaction "
                 "(%s): another copy or another step of its entity held the lock; rolled back, "
                 "the message will be consumed later",
+                exc,
+            )
+            return
+        if isinstance(exc, StoreMisconfiguredError):
+            delivery.outcome = Outcome.STORE_MISCONFIGURED
+            self._log.log(
+                logging.ERROR,
+                "the database refused the message's transaction: %s; rolled back, the message "
+                "will be consumed later (a configuration a person must fix, not an outage)",
                 exc,
             )
             return

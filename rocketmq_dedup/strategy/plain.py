@@ -9,17 +9,23 @@
     CONSUMING record     -> RECONSUME_LATER (the broker redelivers it later); when its holder
                             runs in this process and ``in_progress_wait_milli_seconds`` is set,
                             answered from that holder's outcome if it ends within the wait
+    unreadable record    -> run the handler without dedup, a WARNING logged
     store unavailable    -> the store_failure_policy: run without dedup, or RECONSUME_LATER
+    store refused        -> RECONSUME_LATER, an ERROR naming the fix (a missing privilege or
+                            ACL rule, a read-only server: never an outage, whatever the policy)
     store error (a bug)  -> RECONSUME_LATER, an ERROR logged
 
-A batch makes one store call per phase (claim, mark, release) for all its messages.
+A batch (the template's :meth:`~DedupTemplate.consume`) makes one store call per phase (claim,
+mark, release) for all its messages. One message (:meth:`ClaimStrategy.consume_one`, each
+classic-client callback) takes the same steps without the batch's lists, through the store's
+single-claim calls: key, :meth:`~ClaimStrategy._claim_one`, :meth:`~ClaimStrategy._run` and
+:meth:`~ClaimStrategy._settle_one`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from typing import Any, List, Optional, Sequence
 
@@ -28,22 +34,21 @@ from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.inflight import InFlight, in_flight
 from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
+from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
-from rocketmq_dedup.stores.base import Claim, Record
-from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, new_delivery, retry_locally
+from rocketmq_dedup.stores.base import Claim, Record, new_claim
+from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
 logger = logging.getLogger(__name__)
-_new_tuple = tuple.__new__
-_perf_counter = time.perf_counter
-# Enum members read per message, as globals (an Enum attribute costs ~0.1 us on Python 3.11)
-_CONSUMED_OUTCOME, _FAILED_OUTCOME = Outcome.CONSUMED, Outcome.FAILED
-_CLAIM, _MARK_CONSUMED, _RELEASE = StoreOp.CLAIM, StoreOp.MARK_CONSUMED, StoreOp.RELEASE
+
+#: The outcome of a claimed message, by its handler's answer.
+HANDLED_OUTCOMES = {SUCCESS: Outcome.CONSUMED, LATER: Outcome.FAILED}
 
 
-class DedupStrategy(DedupTemplate):
+class ClaimStrategy(DedupTemplate):
     """Claim, handler, then CONSUMED or release (module docstring); holds no per-message
     state."""
 
@@ -53,102 +58,80 @@ class DedupStrategy(DedupTemplate):
         self._keeper_lock = threading.Lock()
         self._in_flight: InFlight = in_flight(self.store)
 
-    # -- claim ---------------------------------------------------------------------------
+    # -- one message ---------------------------------------------------------------------
 
     def consume_one(self, msg: Any) -> ConsumeStatus:
-        """One message (every classic-client callback): the template's steps in one frame,
-        without its batch bookkeeping (the in-process wait takes the batch path). With
-        metrics, as few clock reads as the steps allow (the end of one timing is the start of
-        the next), and a handled message's reports in one call."""
-        config = self.config
-        snap = config._snapshot or config.snapshot()
+        """One message: the template's steps for a batch of one, without its lists; its store
+        calls are timed with it and reported with its decision (the snapshot's meter). The
+        in-process wait takes the batch path: it needs the in-flight registry."""
+        snap = self.config.snapshot()
         if snap.in_progress_wait_ms:
             return self.consume((msg,))[0]
-        delivery = new_delivery(Delivery)  # Delivery(0, msg), without its __init__ frame
-        delivery.msg = msg
-        metrics = snap.metrics
-        started = 0
-        if metrics is not None and snap.metrics_start_time:
-            delivery.started = started = time.time_ns()
-        report = metrics is not None  # the decision, by the finally below (unless reported)
+        delivery = Delivery(0, msg, snap.meter.arrival())
         try:
-            if not self._key(delivery, snap):  # no dedup, or a refused key
-                return delivery.status or self._run(delivery, snap)
-            owner = owner_tokens.next()  # _new_claim, inlined
-            if delivery.fingerprint is not None:
-                owner = with_fingerprint(owner, delivery.fingerprint)
-            claim = _new_tuple(Claim, (delivery.element, owner))
-            store = self.store
-            began = _perf_counter() if metrics is not None else 0.0
-            try:
-                result = store.claim(claim, snap.lease_ms)
-            except StoreError as exc:
-                if metrics is not None:
-                    self._time_store_call(metrics, snap, _CLAIM, _perf_counter() - began, False)
-                self._store_failed([delivery], exc, snap)
-                return delivery.status or self._run(delivery, snap)
-            claimed = _perf_counter() if metrics is not None else 0.0
-            if not result.claimed:  # (no in-process wait on this path: _refused's is moot)
-                if metrics is not None:
-                    self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
-                status = self._duplicate_status(delivery, result.record, snap)
-                return self._run(delivery, snap) if status is None else status
-            keeper = (self._keeper or self._lease_keeper(snap)) if snap.lease_renewal else None
-            if keeper is not None:
-                keeper.hold_one(claim, snap.lease_ms, snap.max_processing_ms)
+            if self._key(delivery, snap):
+                self._claim_one(delivery, snap)
+            status = delivery.status
+            if status is not None:  # decided without the handler
+                return status
             status = LATER
-            try:  # _run, inlined
-                status = run_handler(self.hooks.listener.do_handle_msg, msg)
-                if status is not SUCCESS and snap.local_retries:
-                    status = self._retry_locally(msg, snap, status)
+            try:
+                status = self._run(delivery, snap)
             finally:  # whatever happened, the claim is not held past this call
-                handled = _perf_counter() if metrics is not None else 0.0
-                if keeper is not None:
-                    keeper.drop_owner(owner, None)
-                if status is SUCCESS:
-                    try:
-                        store.mark_consumed(claim, snap.retention_ms)
-                    except StoreError as exc:
-                        self._mark_failed(1, exc)
-                        if metrics is not None:
-                            self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
-                            seconds = _perf_counter() - handled
-                            self._time_store_call(metrics, snap, _MARK_CONSUMED, seconds, False)
-                            delivery.outcome = _CONSUMED_OUTCOME
-                            delivery.handler_seconds = handled - claimed
-                    else:
-                        if metrics is not None:  # the common case: its three reports at once
-                            marked = _perf_counter()
-                            report = False  # reported here, with its store calls
-                            try:
-                                snap.metrics_handled(  # type: ignore[misc]
-                                    snap.application_name,
-                                    claim[0].topic,
-                                    msg,
-                                    started,
-                                    handled - claimed,
-                                    claimed - began,
-                                    marked - handled,
-                                )
-                            except Exception:
-                                self._metrics_failed()
-                else:
-                    if metrics is not None:
-                        self._time_store_call(metrics, snap, _CLAIM, claimed - began, True)
-                        delivery.outcome = _FAILED_OUTCOME
-                        delivery.handler_seconds = handled - claimed
-                    self._release_claims((claim,), snap)
+                claim = delivery.claim
+                if claim is not None:
+                    self._settle_one(delivery, claim, status is SUCCESS, snap)
             return status
         finally:
-            if report and metrics is not None and delivery.outcome is not None:
-                self._decided(metrics, snap, delivery, started)
+            snap.meter.report_one(delivery)
+
+    def _claim_one(self, delivery: Delivery, snap: Snapshot) -> None:
+        """:meth:`_claim` of one keyed delivery, with the store's single claim: held
+        (``delivery.claim``), decided (``delivery.status``: :meth:`_duplicate_status`), or to
+        run without dedup."""
+        claim = _new_claim(delivery)
+        try:
+            result = snap.meter.claim(delivery, self.store, claim, snap.lease_ms)
+        except StoreError as exc:
+            self._store_failed([delivery], exc, snap)
+            return
+        if not result.claimed:  # (no in-process wait on this path: see consume_one)
+            delivery.status = self._duplicate_status(delivery, result.record, snap)
+            return
+        delivery.claim = claim
+        if snap.lease_renewal:
+            keeper = self._keeper or self._lease_keeper(snap)
+            if keeper is not None:
+                keeper.hold_one(claim, snap.lease_ms, snap.max_processing_ms)
+
+    def _settle_one(self, delivery: Delivery, claim: Claim, consumed: bool, snap: Snapshot) -> None:
+        """:meth:`_finish` of one held delivery: CONSUMED if its handler succeeded, else its
+        claim released. Never raises a StoreError."""
+        if self._keeper is not None:
+            self._keeper.drop_one(claim)
+        if consumed:
+            try:
+                snap.meter.mark_consumed(delivery, self.store, claim, snap.retention_ms)
+            except StoreError as exc:
+                self._mark_failed(1, exc)
+            return
+        try:
+            released = snap.meter.release(delivery, self.store, claim)
+        except StoreError as exc:
+            self._release_failed(1, exc)
+            return
+        self._released(1, int(released))
+
+    # -- a batch: claim ------------------------------------------------------------------
 
     def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
         """Claim every keyed delivery in one store call; decide the answer of those not
         claimed; return the ones this call holds."""
-        claims = [self._new_claim(d) for d in keyed]
+        claims = [_new_claim(d) for d in keyed]
         try:
-            results = self._store_call(snap, _CLAIM, self.store.claim_many, claims, snap.lease_ms)
+            results = self._store_call(
+                snap, StoreOp.CLAIM, self.store.claim_many, claims, snap.lease_ms
+            )
         except StoreError as exc:
             self._store_failed(keyed, exc, snap)
             return []
@@ -160,23 +143,19 @@ class DedupStrategy(DedupTemplate):
             else:
                 delivery.status = self._refused(delivery, result.record, snap)
         if held:
-            if snap.in_progress_wait_ms:
-                for delivery in held:
-                    owner = delivery.claim.owner  # type: ignore[union-attr]
-                    delivery.attempt, _ = self._in_flight.enter(owner, snap.hold_ms)
-            keeper = self._lease_keeper(snap)
-            if keeper is not None:
-                keeper.hold([d.claim for d in held], snap.lease_ms, snap.max_processing_ms)  # type: ignore[misc]
+            self._hold(held, snap)
         return held
 
-    @staticmethod
-    def _new_claim(delivery: Delivery) -> Claim:
-        """A claim of the delivery's element by a new owner token (carrying the payload's
-        fingerprint, if any)."""
-        owner = owner_tokens.next()
-        if delivery.fingerprint is not None:
-            owner = with_fingerprint(owner, delivery.fingerprint)
-        return _new_tuple(Claim, (delivery.element, owner))
+    def _hold(self, held: List[Delivery], snap: Snapshot) -> None:
+        """The held deliveries enter the in-process registry (with the in-process wait) and
+        the lease keeper."""
+        if snap.in_progress_wait_ms:
+            for delivery in held:
+                owner = delivery.claim.owner  # type: ignore[union-attr]
+                delivery.attempt, _ = self._in_flight.enter(owner, snap.hold_ms)
+        keeper = self._lease_keeper(snap)
+        if keeper is not None:
+            keeper.hold([d.claim for d in held], snap.lease_ms, snap.max_processing_ms)  # type: ignore[misc]
 
     def _refused(
         self, delivery: Delivery, record: Optional[Record], snap: Snapshot
@@ -199,60 +178,60 @@ class DedupStrategy(DedupTemplate):
     # -- run -----------------------------------------------------------------------------
 
     def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
-        msg = delivery.msg
-        begin = time.perf_counter() if snap.metrics is not None else 0.0
+        """The handler (and its local retries, the claim still held), timed by the meter."""
+        msg, clock = delivery.msg, snap.meter.clock
+        begin = clock()
         status = run_handler(self.hooks.listener.do_handle_msg, msg)
         if status is not SUCCESS and snap.local_retries:
-            status = self._retry_locally(msg, snap, status)
-        if snap.metrics is not None:
-            delivery.handler_seconds = time.perf_counter() - begin
+            status = retry_locally(
+                lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, status
+            )
+        delivery.handler_seconds = clock() - begin
         if delivery.claim is not None:
-            delivery.outcome = _CONSUMED_OUTCOME if status is SUCCESS else _FAILED_OUTCOME
+            delivery.outcome = HANDLED_OUTCOMES[status]
         return status
 
-    def _retry_locally(self, msg: Any, snap: Snapshot, status: ConsumeStatus) -> ConsumeStatus:
-        """``local_retries`` more runs of the handler, the claim still held."""
-        return retry_locally(
-            lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, status
-        )
-
-    # -- finish --------------------------------------------------------------------------
+    # -- a batch: finish -----------------------------------------------------------------
 
     def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
         """Mark the claims whose handler succeeded CONSUMED; release the others (failed, not
         reached, or interrupted). Never raises a StoreError."""
-        keeper = self._keeper
-        if keeper is not None:
-            keeper.drop([d.claim for d in held])  # type: ignore[misc]
+        if self._keeper is not None:
+            self._keeper.drop([d.claim for d in held])  # type: ignore[misc]
         reached = len(statuses)
-        done: List[Delivery] = []
-        undone: List[Delivery] = []
-        for delivery in held:
-            ok = delivery.position < reached and statuses[delivery.position] is SUCCESS
-            (done if ok else undone).append(delivery)
+        consumed = [d.position < reached and statuses[d.position] is SUCCESS for d in held]
+        done = [d.claim for d, ok in zip(held, consumed, strict=True) if ok]
+        undone = [d.claim for d, ok in zip(held, consumed, strict=True) if not ok]
         if done:
-            self._mark([d.claim for d in done], snap)  # type: ignore[misc]
+            self._mark(done, snap)  # type: ignore[arg-type]
         if undone:
-            self._release_claims([d.claim for d in undone], snap)  # type: ignore[misc]
-        for delivery in held:
-            attempt = delivery.attempt
-            if attempt is not None:
+            self._release(undone, snap)  # type: ignore[arg-type]
+        for delivery, ok in zip(held, consumed, strict=True):  # a waiting twin finds it settled
+            if delivery.attempt is not None:
                 owner = delivery.claim.owner  # type: ignore[union-attr]
-                consumed = delivery.position < reached and statuses[delivery.position] is SUCCESS
-                self._in_flight.leave(owner, attempt, consumed)
+                self._in_flight.leave(owner, delivery.attempt, ok)
 
     def _mark(self, claims: Sequence[Claim], snap: Snapshot) -> None:
         """Record the claims CONSUMED; a failure is logged, and the messages acked anyway."""
         try:
             self._store_call(
                 snap,
-                _MARK_CONSUMED,
+                StoreOp.MARK_CONSUMED,
                 self.store.mark_consumed_many,
                 claims,
                 snap.retention_ms,
             )
         except StoreError as exc:
             self._mark_failed(len(claims), exc)
+
+    def _release(self, claims: Sequence[Claim], snap: Snapshot) -> None:
+        """Release the claims, so that the broker's retry runs their messages again."""
+        try:
+            released = self._store_call(snap, StoreOp.RELEASE, self.store.release_many, claims)
+        except StoreError as exc:
+            self._release_failed(len(claims), exc)
+            return
+        self._released(len(claims), released)
 
     def _mark_failed(self, count: int, exc: StoreError) -> None:
         """Marking CONSUMED failed after the handler succeeded: acked anyway (the claim lapses
@@ -264,18 +243,17 @@ class DedupStrategy(DedupTemplate):
             exc,
         )
 
-    def _release_claims(self, claims: Sequence[Claim], snap: Snapshot) -> None:
-        try:
-            released = self._store_call(snap, _RELEASE, self.store.release_many, claims)
-        except StoreError as exc:
-            # The retry finds the claim CONSUMING until the lease lapses, then runs.
-            self._log.log(logging.ERROR, "could not release %d claim(s) (%s)", len(claims), exc)
-            return
-        if released < len(claims):
+    def _release_failed(self, count: int, exc: StoreError) -> None:
+        """The retry finds the claims CONSUMING until their lease lapses, then runs."""
+        self._log.log(logging.ERROR, "could not release %d claim(s) (%s)", count, exc)
+
+    @staticmethod
+    def _released(count: int, released: int) -> None:
+        if released < count:
             logger.info(
                 "%d of %d claim(s) had already expired and were taken over; left untouched",
-                len(claims) - released,
-                len(claims),
+                count - released,
+                count,
             )
 
     # -- lease keeper --------------------------------------------------------------------
@@ -300,19 +278,9 @@ class DedupStrategy(DedupTemplate):
         def report(renewed: int, lost: int, seconds: float, ok: bool) -> None:
             strategy = ref()
             if strategy is not None:
-                strategy._on_renewal(renewed, lost, seconds, ok)
+                strategy.config.snapshot().meter.leases(renewed, lost, seconds, ok)
 
         return report
-
-    def _on_renewal(self, renewed: int, lost: int, seconds: float, ok: bool) -> None:
-        snap = self.config.snapshot()
-        metrics = snap.metrics
-        if metrics is not None:
-            try:
-                metrics.store_operation(snap.application_name, StoreOp.RENEW, seconds, ok)
-                metrics.leases(snap.application_name, renewed, lost)
-            except Exception:
-                self._metrics_failed()
 
     def close(self) -> None:
         with self._keeper_lock:
@@ -321,4 +289,14 @@ class DedupStrategy(DedupTemplate):
             keeper.close()
 
 
-__all__ = ["LATER", "SUCCESS", "DedupStrategy"]
+def _new_claim(delivery: Delivery) -> Claim:
+    """A claim of a keyed delivery's element by a new owner token (carrying the payload's
+    fingerprint, if any)."""
+    owner = owner_tokens.next()
+    if delivery.fingerprint is not None:
+        owner = with_fingerprint(owner, delivery.fingerprint)
+    element: DedupElement = delivery.element  # type: ignore[assignment]  # (keyed)
+    return new_claim(element, owner)
+
+
+__all__ = ["LATER", "SUCCESS", "ClaimStrategy"]

@@ -5,6 +5,7 @@ handler with them (:func:`run_handler`)."""
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 from typing import Any, Callable, Optional
 
@@ -47,6 +48,16 @@ def answer(result: Any, commit: bool = False) -> ConsumeStatus:
     if result is True:  # the common case, before the general rule
         return SUCCESS
     status = handler_status(result)
+    if status is None and inspect.isawaitable(result):
+        _discard(result)
+        logger.error(
+            "do_handle_msg returned an awaitable, %r: the listener runs on the client's threads "
+            "with no event loop and cannot await it (is do_handle_msg a def that returns a "
+            "coroutine?); run it to completion inside (asyncio.run(...)) and return its result; "
+            "the message will be consumed later",
+            result,
+        )
+        return LATER
     if status is None:
         ok, retry = ("commit", "roll back") if commit else ("success", "retry")
         logger.error(
@@ -59,6 +70,14 @@ def answer(result: Any, commit: bool = False) -> ConsumeStatus:
         )
         return LATER
     return status
+
+
+def _discard(awaitable: Any) -> None:
+    """Close an awaitable a handler or hook returned, if it is a coroutine: the listener has
+    no event loop to run it, and a closed coroutine never runs nor warns that it was never
+    awaited. (Another awaitable, e.g. a Future, belongs to its loop and is left alone.)"""
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()
 
 
 def run_handler(handler: Callable[[Any], Any], msg: Any) -> ConsumeStatus:
@@ -106,6 +125,13 @@ def _check_value_based(value: Any) -> None:
         for item in value:
             _check_value_based(item)
         return
+    if inspect.isawaitable(value):
+        _discard(value)
+        raise KeyRefused(
+            f"a {type(value).__name__} is not a dedup key: dedup_message_key returned an "
+            "awaitable, which the listener cannot await (no event loop on the client's "
+            "threads); return the key itself"
+        )
     if isinstance(value, (set, frozenset, dict)):
         raise KeyRefused(
             f"a {type(value).__name__} is not a dedup key: its text order differs between "

@@ -1,5 +1,5 @@
-"""E2E fixtures: the real broker (scripts/rocketmq.sh), real Redis and MariaDB, the client
-installed in this environment. Anything missing fails the run; nothing is skipped."""
+"""E2E fixtures: the real broker (scripts/rocketmq.sh), real Redis, MariaDB and PostgreSQL, the
+client installed in this environment. Anything missing fails the run; nothing is skipped."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-from rocketmq_dedup import MySQLDedupStore
+from rocketmq_dedup import MySQLDedupStore, PostgresDedupStore
 from tests.e2e.clients import Producer, installed_client
 from tests.e2e.harness import REPO, create_tables, rocketmq_script
-from tests.support import mysql_connect
+from tests.support import mysql_connect, pg_connect
 
 POOL = 16  # topics/groups created per session: one pair per test
 
@@ -63,15 +63,20 @@ def used_groups() -> List[str]:
 def producer(client: str, broker: None, channels: List[Tuple[str, str]]) -> Iterator[Producer]:
     create_tables()
     MySQLDedupStore(mysql_connect(), "t_rocketmq_dedup_e2e").create_table()
+    PostgresDedupStore(pg_connect(), "t_rocketmq_dedup_e2e").create_table()
     p = Producer(client, tuple(t for t, _ in channels))
     yield p
     p.close()
 
 
 def pytest_ignore_collect(collection_path, config):  # type: ignore[no-untyped-def]
-    """Client-specific modules: the orderly consumer and the operator kit's sample consumer
-    (classic), the SimpleConsumer (5.x)."""
-    if collection_path.name in ("test_e2e_classic_orderly.py", "test_e2e_operations.py"):
+    """Client-specific modules: the orderly consumer, the operator kit's sample consumer and
+    the lost last retry (classic), the SimpleConsumer (5.x)."""
+    if collection_path.name in (
+        "test_e2e_classic_orderly.py",
+        "test_e2e_operations.py",
+        "test_e2e_classic_dlq.py",
+    ):
         return installed_client() != "classic"
     if collection_path.name == "test_e2e_grpc_simple.py":
         return installed_client() != "grpc"

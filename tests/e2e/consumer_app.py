@@ -26,7 +26,7 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.message import get_property, message_id, reconsume_times
 from tests.e2e.clients import start_push_consumer
-from tests.support import REDIS_URL, mysql_connect
+from tests.support import REDIS_URL, mysql_connect, pg_connect
 
 BIZ_KEY = "biz_key"
 
@@ -208,6 +208,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(message)s")
     if settings["store"] == "redis":
         client: Any = redis.Redis.from_url(REDIS_URL)
+    elif settings["store"] == "postgres":
+        client = pg_connect()
     else:
         client = mysql_connect()
     exactly_once = settings.get("mode") == "exactly_once"
@@ -215,7 +217,7 @@ def main() -> None:
         settings["app"],
         client,
         dedup_processing_expire_milli_seconds=settings.get("lease_ms", 60_000),
-        **({"table_name": settings["table"]} if settings["store"] == "mysql" else {}),
+        **({"table_name": settings["table"]} if settings["store"] != "redis" else {}),
         **(
             {"pool_size": settings["threads"] + 4, "sequence_mode": "strict"}
             if exactly_once

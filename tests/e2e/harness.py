@@ -14,21 +14,10 @@ from typing import Any, Dict, List, Optional
 
 from tests.e2e.clients import Producer
 from tests.e2e.consumer_app import BIZ_KEY, SCHEMA
-from tests.support import mysql_connect, wait_for
+from tests.support import sql, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-dedup"))
-
-
-def sql(query: str, *params: Any) -> List[Any]:
-    conn = mysql_connect()()
-    try:
-        conn.autocommit(True)
-        cur = conn.cursor()
-        cur.execute(query, params)
-        return list(cur.fetchall())
-    finally:
-        conn.close()
 
 
 def create_tables() -> None:
@@ -161,12 +150,17 @@ def settings_for(
     return settings
 
 
-def rocketmq_script(*args: str, capture: bool = False) -> Optional[str]:
+def rocketmq_script(
+    *args: str, capture: bool = False, env: Optional[Dict[str, str]] = None
+) -> Optional[str]:
+    """scripts/rocketmq.sh with ``args`` (``env``: more variables, e.g. the retries of the
+    groups it creates, ``ROCKETMQ_DEDUP_RETRY_MAX``)."""
     result = subprocess.run(
         [str(REPO / "scripts/rocketmq.sh"), *args],
         check=True,
         capture_output=capture,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
     return result.stdout if capture else None

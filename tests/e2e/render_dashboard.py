@@ -1,5 +1,5 @@
-"""Draw the Grafana dashboard's panels (ops/grafana) from the series test_e2e_operations.py
-dumped from a real Prometheus: the picture in the README's "Operating it".
+"""Draw the Grafana dashboard's panels (rocketmq_dedup/ops/grafana) from the series
+test_e2e_operations.py dumped from a real Prometheus: the picture in the README's "Operating it".
 
     .venv-classic/bin/python -m tests.e2e.render_dashboard \\
         /tmp/rocketmq-dedup/operations-<run>.json docs/operations-dashboard.png

@@ -1,5 +1,6 @@
 """End to end through a real RocketMQ 5.3 broker with the real Python client of this
-environment (classic in .venv-classic, 5.x gRPC in .venv-grpc), on Redis and on MariaDB.
+environment (classic in .venv-classic, 5.x gRPC in .venv-grpc), on Redis and on MariaDB, and the
+first case on PostgreSQL too.
 
 Each test gets a fresh topic and consumer group; consumers are separate processes; handler
 effects and every delivery are recorded in MariaDB by the consumer (tests/e2e/consumer_app.py).
@@ -38,11 +39,13 @@ def start(
     return ConsumerProcess(settings_for(client, store, run.run_id, topic, group, **kw))
 
 
+@pytest.mark.parametrize("store", ["redis", "mysql", "postgres"])
 def test_duplicates_have_exactly_one_effect(
     client: str, store: str, run: Run, channel: Tuple[str, str]
 ) -> None:
     """(a) 12 messages, each sent 2-3 times with one business key (twice back to back, a
-    third time after it was handled): 12 effects, and every sent message is acked."""
+    third time after it was handled): 12 effects, and every sent message is acked (on each
+    store: the PostgreSQL store's one e2e case)."""
     consumer = start(client, store, run, channel, handler_ms=200)
     try:
         run.warm_up()

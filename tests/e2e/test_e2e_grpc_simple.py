@@ -14,6 +14,7 @@ from rocketmq_dedup.adapters.grpc import SimpleRound, consume_simple
 from tests.e2e.clients import PROXY, Producer
 from tests.e2e.consumer_app import E2EListener, Recorder
 from tests.e2e.harness import Run, settings_for
+from tests.support import fresh_python, last_json_line
 
 pytestmark = pytest.mark.e2e
 
@@ -66,6 +67,17 @@ def test_simple_consumer_acks_handled_and_duplicates_once(
         assert any(r.left > 0 for r in rounds)  # the failed attempt was left to come back
     finally:
         consumer.inner.shutdown()
+
+
+def test_the_5x_client_never_imports_the_thread_state_module(client: str) -> None:
+    """The installed 5.x client's MessageListener, called through the adapter from a thread
+    pool as its push consumer calls it (and every other Python caller, in a fresh process):
+    every message consumed, and rocketmq_dedup._threads (the classic client's native-thread
+    quirk) never imported."""
+    assert client == "grpc"
+    seen = last_json_line(fresh_python("-m", "tests.python_callers"))
+    assert seen["answers"][-8:] == ["SUCCESS"] * 8  # the 5.x client's ConsumeResult
+    assert seen["imported"] is False
 
 
 class AckRecording:

@@ -1,13 +1,16 @@
-"""The operator kit (ops/) against real data: a real Prometheus (scripts/services.sh, Debian's
-package) scrapes samples/redis_consumer.py consuming through the real broker, with its records
-in a Redis server this test starts and later kills. The traffic produces, honestly, every event
-the rules watch: a storm of copies of two orders (duplicates in progress, then of a consumed
-order), a key reused with another body (a payload mismatch), a claim an operator releases with
-`rocketmq-dedup release` under its running handler (a lease lost), handlers slower than the
-rule's 10 s, and a store outage (store errors, messages run without dedup). Then every rule's
-expression and every dashboard panel's query, evaluated by Prometheus over its HTTP API,
-returns data for this run's application, and every alert is pending or firing. The classic
-client only (the sample consumer uses it).
+"""The operator kit (rocketmq_dedup/ops/) against real data: a real Prometheus
+(scripts/services.sh, Debian's package) scrapes samples/redis_consumer.py consuming through the
+real broker, with its records in a Redis server this test starts and later kills. The traffic
+produces, honestly, every event the rules watch: a storm of copies of two orders (duplicates in
+progress, then of a consumed order, at more than a delivery every 10 s), a key reused with
+another body (a payload mismatch), a claim an operator releases with `rocketmq-dedup release`
+under its running handler (a lease lost), handlers slower than the rule's 10 s, two poisoned
+orders whose handler fails on every redelivery (heading to the DLQ), a store that refuses writes
+(made a replica: messages sent back to the broker, outcome store_misconfigured), and a store
+outage (store errors, messages run without dedup). Then every rule's expression and every
+dashboard panel's query, evaluated by Prometheus over its HTTP API, returns data for this run's
+application, and every alert is pending or firing. The classic client only (the sample consumer
+uses it).
 
 The panels' time series are written to $STATE/operations-<run>.json;
 ``python -m tests.e2e.render_dashboard DUMP PNG`` draws them (docs/operations-dashboard.png)."""
@@ -41,11 +44,12 @@ pytestmark = pytest.mark.e2e
 
 PROMETHEUS = os.environ.get("DEDUP_PROMETHEUS_URL", "http://127.0.0.1:19090")
 PROMETHEUS_DIR = Path(os.environ.get("DEDUP_PROMETHEUS_DIR", STATE / "services" / "prometheus"))
-RULES = REPO / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
-DASHBOARD = REPO / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
+RULES = REPO / "rocketmq_dedup" / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
+DASHBOARD = REPO / "rocketmq_dedup" / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
 HANDLE_SECONDS = 11  # above RocketmqDedupHandlerSlow's 10 s
 LEASE_MS = 3000  # renewed every second while a handler runs
-STORM = 6  # copies of each storm order, sent at once
+STORM = 8  # copies of each storm order, sent at once
+POISON = "poison"  # the body whose handler fails on every delivery (--fail-body)
 TAG = "TagA"  # what Producer.send_keyed sets
 LEGEND_LABEL = re.compile(r"\{\{(\w+)\}\}")  # Grafana's {{label}} in a legend
 
@@ -182,7 +186,7 @@ def test_every_rule_and_panel_returns_data_for_a_real_consumer(
     consumer = Consumer(
         ["--redis", redis_url, "--group", group, "--topic", topic, "--app", app,
          "--metrics-port", str(metrics_port), "--handle-seconds", str(HANDLE_SECONDS),
-         "--lease-ms", str(LEASE_MS), "--threads", "8"]
+         "--lease-ms", str(LEASE_MS), "--threads", "8", "--fail-body", POISON]
     )  # fmt: skip
     target = PROMETHEUS_DIR / "targets" / f"operations-{run}.json"
     rules = PROMETHEUS_DIR / "rules" / RULES.name
@@ -262,6 +266,11 @@ def produce_the_events(
     lease_key = f"order-{run}-3"
     producer.send_keyed(topic, lease_key.encode(), lease_key)
     wait_for(lambda: all(consumer.handling(key) for key in [*storm, lease_key]), timeout=60)
+    # the counters are exported at 0 from the first decision: once Prometheus has scraped them,
+    # the events below are increases it sees (not a series that starts above 0)
+    wait_for(lambda: bool(query(f'rocketmq_dedup_messages_total{{app="{app}"}}', app)), 30)
+    for n in (1, 2):  # failing on every redelivery: heading to the DLQ
+        producer.send_keyed(topic, POISON.encode(), f"poison-{run}-{n}")
     # a producer reusing an order's key for another body while the first copy is handled
     producer.send_keyed(topic, b"another body", storm[0])
     # an operator releases the running claim: the next renewal round finds it gone
@@ -276,6 +285,17 @@ def produce_the_events(
     wait_for(lambda: outcome("duplicate_in_progress") >= 2 * (STORM - 1), timeout=30)
     # the storm settles: every copy acked as a duplicate once its order was handled
     wait_for(lambda: outcome("duplicate_consumed") >= 2 * (STORM - 1), timeout=90)
+    wait_for(lambda: outcome("failed") >= 4, timeout=90)  # each poisoned order, redelivered
+
+    # the store refuses writes (made a replica of a master that never answers): the next order
+    # is sent back to the broker, never run without dedup; then it takes writes again
+    admin = redis.Redis.from_url(redis_url)
+    admin.replicaof("127.0.0.1", str(free_port()))
+    refused_key = f"order-{run}-5"
+    producer.send_keyed(topic, refused_key.encode(), refused_key)
+    wait_for(lambda: outcome("store_misconfigured") >= 1, timeout=60)
+    admin.replicaof("NO", "ONE")
+    admin.close()
 
     # the store goes down: the next order runs without dedup (policy "consume")
     redis_proc.kill()

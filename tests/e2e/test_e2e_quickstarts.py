@@ -1,7 +1,8 @@
 """The README's quick starts (samples/quickstart_*.py), run as a user runs them: each file as a
-process against the real broker, Redis and MariaDB, configured only through the environment
-variables its docstring documents. Each environment runs the samples of its client (classic:
-Redis and MySQL; 5.x: Push and Simple), chosen at collection like conftest's client modules."""
+process against the real broker, Redis, MariaDB and PostgreSQL, configured only through the
+environment variables its docstring documents. Each environment runs the samples of its client
+(classic: Redis, MySQL, PostgreSQL and exactly-once; 5.x: Push and Simple), chosen at
+collection like conftest's client modules."""
 
 from __future__ import annotations
 
@@ -20,12 +21,17 @@ import pytest
 
 from tests.e2e.clients import NAMESRV, PROXY, Producer, installed_client
 from tests.e2e.harness import REPO, STATE, rocketmq_script
-from tests.support import MYSQL, REDIS_URL, wait_for
+from tests.support import MYSQL, PG_DSN, REDIS_URL, wait_for
 
 pytestmark = pytest.mark.e2e
 
 SAMPLES_BY_CLIENT = {
-    "classic": ["quickstart_redis", "quickstart_mysql", "quickstart_exactly_once"],
+    "classic": [
+        "quickstart_redis",
+        "quickstart_mysql",
+        "quickstart_postgres",
+        "quickstart_exactly_once",
+    ],
     "grpc": ["quickstart_grpc_push", "quickstart_grpc_simple"],
 }
 # with no client installed every sample is collected, and the session's `client` fixture fails
@@ -85,6 +91,7 @@ class SampleProcess:
             "MYSQL_USER": str(MYSQL["user"]),
             "MYSQL_PASSWORD": str(MYSQL["password"]),
             "MYSQL_DATABASE": str(MYSQL["database"]),
+            "POSTGRES_URL": PG_DSN,
             "ORDER_TOPIC": topic,
             "ORDER_GROUP": group,
         }

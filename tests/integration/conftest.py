@@ -1,6 +1,8 @@
 """The integration layer: ``store`` runs on every server kind (Redis, Redis Cluster, MariaDB
-through mysqlclient, PyMySQL and mysql-connector-python, and mysqlclient without coalescing);
-tests are marked ``redis`` or ``mysql`` by the servers they use."""
+through mysqlclient, PyMySQL and mysql-connector-python, and mysqlclient without coalescing,
+PostgreSQL through a psycopg factory of either shape, a psycopg_pool pool and a SQLAlchemy
+engine); tests are marked ``redis``, ``mysql`` or ``postgres`` by the servers they use (a
+private server a test starts itself counts: ``private_redis``, ``private_mariadb``)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ from typing import List
 import pytest
 
 from rocketmq_dedup.stores.base import DedupStore
-from tests.conftest import MYSQL_DRIVERS, make_store
+from tests.conftest import MYSQL_DRIVERS, PG_KINDS, make_store
 
-STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS, "mysql_uncoalesced"]
-_REDIS_FIXTURES = {"redis_client", "redis_cluster_client"}
+STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS, "mysql_uncoalesced", *PG_KINDS]
+_REDIS_FIXTURES = {"redis_client", "redis_cluster_client", "private_redis"}
+_MYSQL_FIXTURES = {"mysql_table", "private_mariadb"}
+_PG_FIXTURES = {"pg_table", "pg_pool", "pg_engine"}
 
 
 @pytest.fixture
@@ -21,9 +25,9 @@ def fresh_thread_states(monkeypatch: pytest.MonkeyPatch) -> None:
     rocketmq_dedup._threads, tested in tests/unit/test_threads.py): every native callback runs
     on a fresh state, where a thread-local is lost at each message, the case the stores' own
     defences (a bounded MySQL pool, Redis wakers not kept per thread) must hold in."""
-    import rocketmq_dedup.listener
+    from rocketmq_dedup import _threads
 
-    monkeypatch.setattr(rocketmq_dedup.listener, "keep_thread_state", lambda: None)
+    monkeypatch.setattr(_threads, "keep_thread_state", lambda: None)
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -32,14 +36,15 @@ def store(request: pytest.FixtureRequest) -> DedupStore:
     return make_store(request.param, request)
 
 
-@pytest.fixture(params=["redis", "redis_cluster", "mysql"])
+@pytest.fixture(params=["redis", "redis_cluster", "mysql", "postgres"])
 def shared_store_kind(request: pytest.FixtureRequest) -> str:
     """Store kinds shared between processes."""
     return str(request.param)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    """Mark each test with the servers it uses (``-m redis`` / ``-m mysql`` select them)."""
+    """Mark each test with the servers it uses (``-m redis`` / ``-m mysql`` / ``-m postgres``
+    select them)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
@@ -47,5 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
         kind = str(params.get("store", params.get("shared_store_kind", "")))
         if names & _REDIS_FIXTURES or kind.startswith("redis"):
             item.add_marker(pytest.mark.redis)
-        if "mysql_table" in names or kind.startswith("mysql"):
+        if names & _MYSQL_FIXTURES or kind.startswith("mysql"):
             item.add_marker(pytest.mark.mysql)
+        if names & _PG_FIXTURES or kind.startswith("postgres"):
+            item.add_marker(pytest.mark.postgres)

@@ -1,5 +1,5 @@
-"""The ``rocketmq-dedup`` console script, run as installed, in a subprocess, against real Redis
-and MariaDB: every command, and one clear line with exit status 2 for bad input."""
+"""The ``rocketmq-dedup`` console script, run as installed, in a subprocess, against real Redis,
+MariaDB and PostgreSQL: every command, and one clear line with exit status 2 for bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rocketmq_dedup import DedupElement, DedupStatus
 from rocketmq_dedup.owner import new_owner_token
 from rocketmq_dedup.stores.base import Claim, DedupStore
 from tests.conftest import make_store
-from tests.support import MYSQL, REDIS_URL
+from tests.support import MYSQL, PG_DSN, REDIS_URL, pg_bindir, pg_query
 
 SCRIPT = Path(sys.executable).parent / "rocketmq-dedup"
 MYSQL_URL = "mysql://{user}:{password}@{host}:{port}/{database}".format(**MYSQL)
@@ -34,14 +34,26 @@ def run(*args: str, env: Any = None) -> subprocess.CompletedProcess[str]:
     return result
 
 
-@pytest.fixture(params=["redis", "mysql"])
+@pytest.fixture(params=["redis", "mysql", "postgres"])
 def target(request: pytest.FixtureRequest) -> Any:
     """(store, the CLI's store options) for each server."""
     store = make_store(request.param, request)
     if request.param == "redis":
         return store, ["--redis", REDIS_URL]
+    if request.param == "postgres":
+        return store, ["--postgres", PG_DSN, "--table", request.getfixturevalue("pg_table")]
     table = request.getfixturevalue("mysql_table")
     return store, ["--mysql", MYSQL_URL, "--table", table]
+
+
+@pytest.fixture(params=["mysql", "postgres"])
+def sql_target(request: pytest.FixtureRequest) -> Any:
+    """(store, the CLI's store options) for each SQL server."""
+    if request.param == "postgres":
+        options = ["--postgres", PG_DSN, "--table", request.getfixturevalue("pg_table")]
+    else:
+        options = ["--mysql", MYSQL_URL, "--table", request.getfixturevalue("mysql_table")]
+    return make_store(request.param, request), options
 
 
 def element_args(app: str, key: str) -> List[str]:
@@ -67,11 +79,13 @@ def test_check_reports_version_features_and_round_trip(target: Any) -> None:
     assert "FAIL" not in result.stdout
 
 
-def test_check_of_a_missing_table_fails_clearly(mysql_table: str) -> None:
-    """check on a MySQL table that does not exist: a FAIL line naming it, exit status 1."""
-    result = run("check", "--mysql", MYSQL_URL, "--table", "t_never_created")
+@pytest.mark.parametrize("url", ["--mysql", "--postgres"])
+def test_check_of_a_missing_table_fails_clearly(url: str) -> None:
+    """check on a MySQL or PostgreSQL table that does not exist: a FAIL line naming it, exit
+    status 1."""
+    result = run("check", url, MYSQL_URL if url == "--mysql" else PG_DSN, "--table", "t_never")
     assert result.returncode == 1
-    assert "FAIL table: t_never_created does not exist" in result.stdout
+    assert "FAIL table: t_never does not exist" in result.stdout
 
 
 def test_inspect_release_and_stats(target: Any, app_name: str) -> None:
@@ -102,12 +116,41 @@ def test_inspect_release_and_stats(target: Any, app_name: str) -> None:
     assert store.get_status(done) is None
 
 
-def test_purge_dry_run_then_purge(mysql_table: str, app_name: str, request: Any) -> None:
+def test_stats_shows_the_oldest_consumed_record_against_the_retention(
+    target: Any, app_name: str
+) -> None:
+    """The CONSUMED record with the least time left: its age from its owner token's time, the
+    retention that gives (age + time left), and the redelivery horizon, flagged when longer;
+    with a token that carries no time, its age is the retention given less its time left."""
+    store, options = target
+    newer, older = (DedupElement(app_name, "T", "", k) for k in ("newer", "older"))
+    owner = new_owner_token()
+    store.claim(Claim(newer, owner), 60_000)
+    store.mark_consumed(Claim(newer, owner), 50 * 60_000)
+    store.mark_consumed(Claim(older, new_owner_token()), 30 * 60_000)
+
+    result = run("stats", *options, "--app", app_name)
+    assert result.returncode == 0, result.stderr
+    shown = result.stdout[result.stdout.index("oldest CONSUMED record:") :]
+    assert "T older" in shown and "time left           30.0 min" in shown
+    assert "retention           30.0 min (about)" in shown
+    assert "4.8 h (16 retries) LONGER than the retention" in shown
+    covered = run("stats", *options, "--app", app_name, "--max-reconsume-times", "3")
+    assert "1.7 min (3 retries)" in covered.stdout and "LONGER" not in covered.stdout
+
+    store.mark_consumed(Claim(older, "written-by-another-program"), 20 * 60_000)
+    given = run("stats", *options, "--app", app_name, "--retention-minutes", "60")
+    shown = given.stdout[given.stdout.index("oldest CONSUMED record:") :]
+    assert "age                 40.0 min (T older)" in shown
+    assert "retention           1.0 h (given)" in shown
+
+
+def test_purge_dry_run_then_purge(sql_target: Any, app_name: str) -> None:
     """purge --dry-run counts expired rows and deletes nothing; purge deletes them."""
-    store: DedupStore = make_store("mysql", request)
+    store: DedupStore
+    store, options = sql_target
     element = DedupElement(app_name, "T", "TagA", "gone")
     store.claim(Claim(element, new_owner_token()), 1)
-    options = ["--mysql", MYSQL_URL, "--table", mysql_table]
     dry = run("purge", *options, "--dry-run")
     assert dry.returncode == 0 and "would delete" in dry.stdout
     done = run("purge", *options)
@@ -122,9 +165,15 @@ def test_purge_dry_run_then_purge(mysql_table: str, app_name: str, request: Any)
         (["check", "--redis", "redis://127.0.0.1:1/0"], "cannot reach"),
         (["check", "--mysql", "mysql://dedup:dedup@127.0.0.1:1/dedup_test"], "cannot reach"),
         (["check"], "name one store"),
+        (["check", "--mysql", MYSQL_URL, "--postgres", PG_DSN], "name one store"),
+        (["check", "--postgres", "mysql://x@h/db"], "bad PostgreSQL URL"),
+        (["check", "--postgres", "postgresql://x@h:notaport/db"], "bad PostgreSQL URL"),
+        (["check", "--postgres", "postgresql://dedup:dedup@127.0.0.1:1/x"], "cannot reach"),
+        (["stats", "--postgres", PG_DSN, "--table", "t_never_created", "--app", "a"], "exist"),
+        (["schema", "postgres", "--table", "x; DROP"], "invalid table_name"),
         (["inspect", "--redis", REDIS_URL, "--app", "a", "--topic", "T", "nokey"], "no live"),
         (["stats", "--mysql", MYSQL_URL, "--table", "t_never_created", "--app", "a"], "Error"),
-        (["purge", "--redis", REDIS_URL], "purge is for --mysql"),
+        (["purge", "--redis", REDIS_URL], "purge is for --mysql and --postgres"),
         (["schema", "mysql", "--table", "x; DROP"], "invalid table_name"),
     ],
 )
@@ -142,6 +191,37 @@ def test_passwords_may_come_from_the_environment(mysql_table: str) -> None:
     env = {"ROCKETMQ_DEDUP_MYSQL_URL": url, "ROCKETMQ_DEDUP_MYSQL_PASSWORD": MYSQL["password"]}
     result = run("check", "--table", mysql_table, env=env)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_postgres_password_may_come_from_the_environment(pg_table: str) -> None:
+    """The PostgreSQL URL and password from ROCKETMQ_DEDUP_POSTGRES_URL and _PASSWORD."""
+    url = PG_DSN.replace(":dedup@", "@")
+    env = {"ROCKETMQ_DEDUP_POSTGRES_URL": url, "ROCKETMQ_DEDUP_POSTGRES_PASSWORD": "dedup"}
+    result = run("check", "--table", pg_table, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    without = run("check", "--table", pg_table, env={"ROCKETMQ_DEDUP_POSTGRES_URL": url})
+    assert without.returncode == 2 and "password" in without.stderr
+
+
+def test_schema_postgres_prints_what_create_table_runs(app_name: str) -> None:
+    """schema postgres prints statements that, run by psql, make a table the store uses."""
+    result = run("schema", "postgres", "--table", f"t_{app_name.replace('-', '_')}")
+    assert result.returncode == 0 and 'CREATE TABLE IF NOT EXISTS "t_app_' in result.stdout
+    table = f"t_{app_name.replace('-', '_')}"
+    psql = Path(pg_bindir()) / "psql"
+    applied = subprocess.run(
+        [str(psql), "-X", "-v", "ON_ERROR_STOP=1", PG_DSN],
+        input=result.stdout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert applied.returncode == 0, applied.stderr
+    try:
+        checked = run("check", "--postgres", PG_DSN, "--table", table)
+        assert checked.returncode == 0 and "FAIL" not in checked.stdout, checked.stdout
+    finally:
+        pg_query(f"DROP TABLE {table}")
 
 
 def test_schema_mysql_prints_the_ddl() -> None:

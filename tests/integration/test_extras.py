@@ -27,6 +27,8 @@ STATE = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-dedup"))
 EXTRA_IMPORTS = {
     "redis": "import redis",
     "mysql": "import MySQLdb",
+    # the binary wheel: its libpq loads without the system's
+    "postgres": "import psycopg; assert psycopg.pq.__impl__ == 'binary', psycopg.pq.__impl__",
     # loads librocketmq: fails with "rocketmq dynamic library not found" when it is not bundled
     "rocketmq": "from rocketmq.client import PushConsumer",
     "rocketmq5": "from rocketmq import ClientConfiguration",
@@ -90,10 +92,11 @@ def venvs() -> Iterator[Dict[str, Path]]:
 def run_python(python: Path, code: str) -> subprocess.CompletedProcess[str]:
     home = STATE / "extras-home"  # the RocketMQ clients log under $HOME
     home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not the checkout
     return subprocess.run(
         [str(python), "-c", code],
         cwd=home,  # not the repository: import what the venv installed
-        env={**os.environ, "HOME": str(home)},
+        env={**env, "HOME": str(home)},
         capture_output=True,
         text=True,
         timeout=60,

@@ -18,7 +18,7 @@ from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupElement, DedupStatus
 from rocketmq_dedup.metrics import OpenTelemetryMetrics, PrometheusMetrics
 from rocketmq_dedup.stores.base import DedupStore
 from rocketmq_dedup.testing import ClassicMessage
-from tests.support import mysql_connect, otel_points, prometheus_value, wait_for
+from tests.support import mysql_connect, otel_points, pg_connect, prometheus_value, wait_for
 from tests.unit.test_metrics import Listener
 
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -99,17 +99,20 @@ def test_prometheus_instruments_on_a_real_store(store: DedupStore, app_name: str
 
 
 def unreachable(server: str) -> Any:
-    """A Redis client or a MySQL connection factory for an address where nothing listens."""
+    """A Redis client, or a MySQL or PostgreSQL connection factory, for an address where
+    nothing listens."""
     if server == "redis":
         return redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    if server == "postgres":
+        return pg_connect("postgresql://dedup@127.0.0.1:1/dedup_test", connect_timeout=1)
     return mysql_connect(port=1, connect_timeout=1)
 
 
-@pytest.mark.parametrize("server", ["redis", "mysql"])
+@pytest.mark.parametrize("server", ["redis", "mysql", "postgres"])
 @pytest.mark.parametrize("policy", ["consume", "reconsume_later"])
 def test_outage_outcomes_on_unreachable_servers(server: str, policy: str, app_name: str) -> None:
-    """store_error_consumed / store_error_later, and the failed claim timed, when the Redis or
-    MariaDB address answers nothing."""
+    """store_error_consumed / store_error_later, and the failed claim timed, when the Redis,
+    MariaDB or PostgreSQL address answers nothing."""
     metrics = Prometheus()
     config = DedupConfig.enable_dedup_consume_config(
         app_name,
@@ -128,12 +131,12 @@ def test_outage_outcomes_on_unreachable_servers(server: str, policy: str, app_na
     assert metrics.value("rocketmq_dedup_store_seconds_count", app=app_name, op="claim") == 0
 
 
-@pytest.mark.parametrize("server", ["redis", "mysql"])
+@pytest.mark.parametrize("server", ["redis", "mysql", "postgres"])
 def test_opentelemetry_counts_failed_calls_on_unreachable_servers(
     server: str, app_name: str
 ) -> None:
     """OpenTelemetry: the failed claim is counted in rocketmq_dedup.store.errors and recorded in
-    no duration histogram, when the Redis or MariaDB address answers nothing."""
+    no duration histogram, when the Redis, MariaDB or PostgreSQL address answers nothing."""
     reader = InMemoryMetricReader()
     metrics = OpenTelemetryMetrics(MeterProvider(metric_readers=[reader]))
     config = DedupConfig.enable_dedup_consume_config(

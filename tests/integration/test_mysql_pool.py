@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
-import sys
 import threading
 import time
 import timeit
 import uuid
-from pathlib import Path
 from typing import Any, Callable, List
 
 import pytest
@@ -31,11 +28,10 @@ from rocketmq_dedup.errors import StoreError, StorePoolExhaustedError, StoreUnav
 from rocketmq_dedup.stores.base import CLAIMED, Claim
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
 from rocketmq_dedup.testing import ClassicMessage
-from tests.native import NativeBuildError, build_library, run_callbacks
-from tests.support import mysql_connect, wait_for
+from tests.native import run_callbacks
+from tests.support import fresh_python, mysql_connect, wait_for
 
 DEFAULT_POOL_SIZE = 8  # MySQLDedupStore's documented default
-REPO = Path(__file__).resolve().parents[2]
 
 
 class CountingConnect:
@@ -131,14 +127,6 @@ def test_sequential_threads_reuse_one_connection(
         t.join(30)
     assert counting.calls == 1
     assert store.get_status(element(app_name, "k19")) is DedupStatus.CONSUMING
-
-
-@pytest.fixture(scope="module")
-def native_lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    try:
-        return build_library(tmp_path_factory.mktemp("native-mysql"))
-    except NativeBuildError as exc:
-        pytest.fail(f"cannot build the native callback library: {exc}")
 
 
 @pytest.mark.parametrize(("threads", "calls"), [(1, 200), (4, 50)])
@@ -360,15 +348,7 @@ def test_a_child_that_exits_normally_leaves_the_parents_session_alone(
     """A forked child that drops the store and exits normally never closes the parent's
     connection (mysqlclient's dealloc sends COM_QUIT, mysql-connector's shuts the socket
     down): the parent carries on without reconnecting."""
-    result = subprocess.run(
-        [sys.executable, "-c", FORK_AND_EXIT_NORMALLY, driver, mysql_table, app_name],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = fresh_python("-c", FORK_AND_EXIT_NORMALLY, driver, mysql_table, app_name)
     assert result.stdout.split() == ["0", "True", "1"], result.stderr
 
 

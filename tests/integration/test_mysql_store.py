@@ -179,6 +179,7 @@ def test_concurrent_threads_share_round_trips(mysql_table: str, app_name: str) -
 
     store.coalescer._execute = counting
     listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    batches.clear()  # the start-up check's probe claim, mark and release
     barrier = threading.Barrier(8)
 
     def worker(t: int) -> None:
@@ -274,6 +275,29 @@ def test_reconnects_after_server_restart(mysql_table: str, app_name: str) -> Non
     assert listener(ClassicMessage("after")) is ConsumeStatus.CONSUME_SUCCESS
     assert listener(ClassicMessage("before")) is ConsumeStatus.CONSUME_SUCCESS
     assert listener.handled == ["before", "after"]
+    store.close()
+
+
+@pytest.mark.parametrize("driver", ["mysqlclient", "pymysql", "mysql-connector"])
+def test_a_renewal_in_the_claims_own_millisecond_finds_it_still_owned(
+    mysql_table: str, app_name: str, driver: str
+) -> None:
+    """A renewal that lands in the same server millisecond as the claim (or as the previous
+    renewal) sets the same expire_time: the UPDATE changes no row, and a rowcount of 0 read as
+    "taken over" made the LeaseKeeper stop renewing a claim it still held (and count a lost
+    lease). The server's clock is frozen for the store's one connection to make it certain."""
+    store = MySQLDedupStore(mysql_connect(driver), mysql_table, pool_size=1)
+    runner = store.pool.take()
+    runner.run("SET timestamp = 1700000000.123", (), False)  # NOW(3) fixed for this session
+    store.pool.give(runner)
+    mine = Claim(DedupElement(app_name, "T", "", "k"), "o1")
+    assert store.claim(mine, 10_000).claimed
+    assert store.renew_many([mine], 10_000) == [True]
+    assert store.renew_many([mine], 10_000) == [True]
+    assert store.renew_many([Claim(mine.element, "other")], 10_000) == [False]
+    record = store.read(mine.element)
+    assert record is not None and record.owner == "o1"
+    assert record.status is DedupStatus.CONSUMING
     store.close()
 
 

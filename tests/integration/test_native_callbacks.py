@@ -28,7 +28,7 @@ import redis
 
 from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
 from rocketmq_dedup.testing import ClassicMessage
-from tests.native import UNSET, NativeBuildError, build_library, run_callbacks
+from tests.native import UNSET, run_callbacks
 from tests.support import REDIS_URL, mysql_connect
 
 pytestmark = pytest.mark.usefixtures("fresh_thread_states")
@@ -45,15 +45,6 @@ SUCCESS, LATER = int(ConsumeStatus.CONSUME_SUCCESS), int(ConsumeStatus.RECONSUME
 
 
 # -- the native library and what crosses the boundary ------------------------------------
-
-
-@pytest.fixture(scope="session")
-def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """callback_thread.c, built once per session in a temporary directory."""
-    try:
-        return build_library(tmp_path_factory.mktemp("native"))
-    except NativeBuildError as exc:
-        pytest.fail(f"cannot build the native callback library: {exc}")
 
 
 @pytest.fixture

@@ -18,21 +18,12 @@ from rocketmq_dedup import DedupElement
 from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.redis import RedisDedupStore
-from tests.native import NativeBuildError, build_library, run_callbacks
+from tests.native import run_callbacks
 
 THREADS, CALLS = 4, 100
 WAKERS: List[Any] = [coalesce.LockWaker]
 if hasattr(os, "eventfd"):
     WAKERS.insert(0, coalesce.EventFdWaker)
-
-
-@pytest.fixture(scope="module")
-def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """callback_thread.c, built once for this module."""
-    try:
-        return build_library(tmp_path_factory.mktemp("native-wakers"))
-    except NativeBuildError as exc:
-        pytest.fail(f"cannot build the native callback library: {exc}")
 
 
 def open_fds() -> int:

@@ -15,3 +15,17 @@ def test_reachable_stores_pass_the_check(redis_client: redis.Redis, mysql_table:
         "app", mysql_connect(), table_name="t_not_created_yet"
     )
     assert isinstance(config.persist, MySQLDedupStore)
+
+
+def test_the_check_leaves_no_probe_record(
+    redis_client: redis.Redis, mysql_table: str, app_name: str
+) -> None:
+    """The start-up check claims probe records in the application's key space through each
+    store's writes, and releases them: no Redis key, no live MySQL row is left."""
+    DedupConfig.enable_dedup_consume_config(app_name, redis_client)
+    assert list(redis_client.scan_iter(match=f"MSGDEDUP:{app_name}:*")) == []
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, mysql_connect(), table_name=mysql_table
+    )
+    assert config.persist is not None
+    assert config.persist.stats(app_name).counts == {}

@@ -70,21 +70,21 @@ def config_for(store: DedupStore, app: str, **options: Any) -> DedupConfig:
 # -- handler return values -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("result", "expected"),
-    [
-        (True, SUCCESS),
-        (ConsumeStatus.CONSUME_SUCCESS, SUCCESS),
-        (ClassicConsumeStatus.CONSUME_SUCCESS, SUCCESS),
-        (ConsumeResult.SUCCESS, SUCCESS),
-        (False, LATER),
-        (None, LATER),
-        (ConsumeStatus.RECONSUME_LATER, LATER),
-        (ClassicConsumeStatus.RECONSUME_LATER, LATER),
-        (ConsumeResult.FAILURE, LATER),
-    ],
-    ids=repr,
-)
+#: Handler return values with one meaning, and the answer each means.
+RETURN_VALUES = [
+    (True, SUCCESS),
+    (ConsumeStatus.CONSUME_SUCCESS, SUCCESS),
+    (ClassicConsumeStatus.CONSUME_SUCCESS, SUCCESS),
+    (ConsumeResult.SUCCESS, SUCCESS),
+    (False, LATER),
+    (None, LATER),
+    (ConsumeStatus.RECONSUME_LATER, LATER),
+    (ClassicConsumeStatus.RECONSUME_LATER, LATER),
+    (ConsumeResult.FAILURE, LATER),
+]
+
+
+@pytest.mark.parametrize(("result", "expected"), RETURN_VALUES, ids=repr)
 def test_handler_return_values_have_one_meaning(
     store: DedupStore, app_name: str, result: Any, expected: ConsumeStatus
 ) -> None:
@@ -126,25 +126,29 @@ class Named:
 LONE_SURROGATE = json.loads('"order-\\ud83d"')
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "plain",
-        LONE_SURROGATE,
-        "\udcff",
-        "订单-1 🎉",
-        b"bytes-key",
-        b"\xff\xfe invalid utf-8",
-        12345,
-        1.5,
-        True,
-        ("order", 7),
-        ["order", 7],
-        OrderKey(7),
-        Named("x"),
-    ],
-    ids=repr,
-)
+#: Keys accepted as their text.
+VALUE_KEYS = [
+    "plain",
+    LONE_SURROGATE,
+    "\udcff",
+    "订单-1 🎉",
+    b"bytes-key",
+    b"\xff\xfe invalid utf-8",
+    12345,
+    1.5,
+    True,
+    ("order", 7),
+    ["order", 7],
+    OrderKey(7),
+    Named("x"),
+]
+#: Keys refused: their text is their identity, or its order is not stable.
+REFUSED_KEYS = [Opaque(), {"a", "b"}, {"a": 1}, ("x", Opaque())]
+#: What a handler may raise that is not an ``Exception``.
+BASE_EXCEPTIONS = [asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit]
+
+
+@pytest.mark.parametrize("key", VALUE_KEYS, ids=repr)
 def test_value_keys_dedup_on_every_store(store: DedupStore, app_name: str, key: Any) -> None:
     """str (any code point), bytes, int and value-based objects dedup identically on every
     store: the handler runs once, the duplicate is acked."""
@@ -163,7 +167,7 @@ def test_bytes_and_text_of_a_key_are_the_same_key(store: DedupStore, app_name: s
     assert listener.runs == []
 
 
-@pytest.mark.parametrize("key", [Opaque(), {"a", "b"}, {"a": 1}, ("x", Opaque())], ids=repr)
+@pytest.mark.parametrize("key", REFUSED_KEYS, ids=repr)
 def test_identity_keys_are_refused_on_every_store(
     store: DedupStore, app_name: str, key: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -181,9 +185,7 @@ def test_identity_keys_are_refused_on_every_store(
 # -- exceptions that are not Exception ----------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "exc_type", [asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit]
-)
+@pytest.mark.parametrize("exc_type", BASE_EXCEPTIONS)
 def test_base_exceptions_on_a_client_thread_release_the_claim_and_never_escape(
     store: DedupStore, app_name: str, exc_type: type
 ) -> None:

@@ -18,6 +18,7 @@ from rocketmq_dedup import (
     MemoryDedupStore,
     StoreError,
     StoreLockConflictError,
+    StoreMisconfiguredError,
     StoreUnavailableError,
     TransactionalDedupListener,
 )
@@ -329,6 +330,13 @@ def test_a_bad_sequence_key_is_a_key_error_without_a_transaction() -> None:
             "deadlock",
         ),
         ("commit_record", StoreError("no table"), Outcome.STORE_ERROR_LATER, "ERROR", "failed"),
+        (
+            "lock_sequence",
+            StoreMisconfiguredError("UPDATE command denied", "GRANT UPDATE ON t_seq"),
+            Outcome.STORE_MISCONFIGURED,
+            "ERROR",
+            "refused",
+        ),
     ],
 )
 def test_a_failing_step_is_told_for_what_it_is(

@@ -34,9 +34,9 @@ def test_a_shorter_lease_wakes_the_keeper_to_renew_it_in_time() -> None:
         keeper.close()
 
 
-def test_a_dropped_owner_is_no_longer_renewed() -> None:
-    """``drop_owner(owner, None)`` (the single-message path's drop) stops renewing that claim
-    only: it lapses after its lease while the other stays held."""
+def test_a_dropped_claim_is_no_longer_renewed() -> None:
+    """``drop_one(claim)`` (the single-message path's drop) stops renewing that claim only: it
+    lapses after its lease while the other stays held."""
     store = MemoryDedupStore()
     rounds: List[int] = []
     keeper = LeaseKeeper(store, lambda renewed, lost, seconds, ok: rounds.append(renewed))
@@ -44,7 +44,7 @@ def test_a_dropped_owner_is_no_longer_renewed() -> None:
     try:
         keeper.hold_one(kept, 300, 600_000)
         keeper.hold_one(dropped, 300, 600_000)
-        keeper.drop_owner(dropped.owner, None)
+        keeper.drop_one(dropped)
         wait_for(lambda: store.get_status(dropped.element) is None, timeout=5)
         wait_for(lambda: len(rounds) >= 4, timeout=5)
         assert store.get_status(kept.element) is DedupStatus.CONSUMING

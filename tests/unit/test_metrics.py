@@ -302,10 +302,10 @@ def test_opentelemetry_metrics_and_spans(app_name: str) -> None:
 
 
 def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without metrics the listener reads no clock for them; with metrics it does (so the
-    check can fail)."""
+    """Without metrics the listener reads no clock for them (its snapshot's meter is the one
+    that measures nothing); with metrics it does (so the check can fail)."""
+    import rocketmq_dedup.metrics.meter
     import rocketmq_dedup.strategy.base
-    import rocketmq_dedup.strategy.plain
 
     reads: List[str] = []
 
@@ -319,16 +319,18 @@ def test_no_metrics_means_no_calls(app_name: str, monkeypatch: pytest.MonkeyPatc
             return 0.0
 
     clock = Clock()
-    for module in (rocketmq_dedup.strategy.base, rocketmq_dedup.strategy.plain):
+    for module in (rocketmq_dedup.metrics.meter, rocketmq_dedup.strategy.base):
         monkeypatch.setattr(module, "time", clock)
-    monkeypatch.setattr(rocketmq_dedup.strategy.plain, "_perf_counter", clock.perf_counter)
-    listener = Listener(DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore()))
+    config = DedupConfig.enable_dedup_consume_config(app_name, MemoryDedupStore())
+    assert config.snapshot().meter is rocketmq_dedup.metrics.meter.UNMETERED
+    listener = Listener(config)
     assert listener(ClassicMessage("m1")) is SUCCESS
+    assert listener.consume_each([ClassicMessage("m2")]) == [SUCCESS]
     assert reads == []
     config = DedupConfig.enable_dedup_consume_config(
         app_name, MemoryDedupStore(), metrics=Recorder()
     )
-    assert Listener(config)(ClassicMessage("m2")) is SUCCESS
+    assert Listener(config)(ClassicMessage("m3")) is SUCCESS
     assert "time_ns" in reads and "perf_counter" in reads
 
 
@@ -337,7 +339,7 @@ def test_a_backend_without_use_for_the_start_time_costs_no_wall_clock_read(
 ) -> None:
     """A metrics object with ``wants_start_time = False`` (PrometheusMetrics) is timed as any
     other, but the listener reads no wall clock for it and its decisions carry 0."""
-    import rocketmq_dedup.strategy.plain
+    import rocketmq_dedup.metrics.meter
 
     reads: List[str] = []
 
@@ -348,7 +350,7 @@ def test_a_backend_without_use_for_the_start_time_costs_no_wall_clock_read(
             reads.append("time_ns")
             return time.time_ns()
 
-    monkeypatch.setattr(rocketmq_dedup.strategy.plain, "time", Clock())
+    monkeypatch.setattr(rocketmq_dedup.metrics.meter, "time", Clock())
 
     class NoStartTime(Recorder):
         wants_start_time = False

@@ -1,8 +1,9 @@
-"""The operator kit (ops/): the Prometheus rules pass ``promtool check rules`` and their unit
-tests (``promtool test rules``), the Grafana dashboard's queries are valid PromQL, and every
-metric and label the rules and the dashboard use is one PrometheusMetrics exports. No server:
-promtool works on files (Debian's prometheus package, installed by scripts/bootstrap.sh). The
-queries are evaluated against a real consumer by tests/e2e/test_e2e_operations.py."""
+"""The operator kit (rocketmq_dedup/ops/): the Prometheus rules pass ``promtool check rules`` and
+their unit tests (``promtool test rules``), the Grafana dashboard's queries are valid PromQL,
+and every metric and label the rules and the dashboard use is one PrometheusMetrics exports. No
+server: promtool works on files (Debian's prometheus package, installed by
+scripts/bootstrap.sh). The queries are evaluated against a real consumer by
+tests/e2e/test_e2e_operations.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,12 +21,13 @@ from prometheus_client import CollectorRegistry
 from rocketmq_dedup import DedupConfig, MemoryDedupStore
 from rocketmq_dedup.metrics import PrometheusMetrics
 from rocketmq_dedup.testing import ClassicMessage, deliver
+from tests.unit.test_readme import README, anchor, english_and_chinese
 from tests.unit.test_testing import Recording
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
-RULE_TESTS = REPO / "ops" / "prometheus" / "rocketmq-dedup.rules.test.yml"
-DASHBOARD = REPO / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
+RULES = REPO / "rocketmq_dedup" / "ops" / "prometheus" / "rocketmq-dedup.rules.yml"
+RULE_TESTS = REPO / "rocketmq_dedup" / "ops" / "prometheus" / "rocketmq-dedup.rules.test.yml"
+DASHBOARD = REPO / "rocketmq_dedup" / "ops" / "grafana" / "rocketmq-dedup-dashboard.json"
 #: What Grafana puts in place of the dashboard's variables (the e2e test does the same).
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$app": ".*"}
 METRIC = re.compile(r"\b(rocketmq_dedup_\w+)")
@@ -87,14 +90,14 @@ def exported() -> Dict[str, Set[str]]:
 
 
 def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
-    """7 rules, each with at least one firing and one quiet case in the unit tests."""
-    assert "SUCCESS: 7 rules found" in promtool("check", "rules", str(RULES))
+    """8 rules, each with at least one firing and one quiet case in the unit tests."""
+    assert "SUCCESS: 8 rules found" in promtool("check", "rules", str(RULES))
     assert "SUCCESS" in promtool("test", "rules", RULE_TESTS.name, cwd=RULE_TESTS.parent)
     alerts = re.findall(r"^\s*- alert: (\w+)$", RULES.read_text(), re.MULTILINE)
     tested = RULE_TESTS.read_text()
     for alert in alerts:
         assert re.search(rf"alertname: {alert}\n\s*exp_alerts:\n\s*- exp_labels", tested), alert
-        assert re.search(rf"alertname: {alert}\n\s*exp_alerts: \[\]", tested), alert
+        assert re.search(rf"alertname: {alert}(?:,\s*|\n\s*)exp_alerts: \[\]", tested), alert
 
 
 def test_the_promtool_tests_catch_a_wrong_threshold(tmp_path: Path) -> None:
@@ -166,4 +169,47 @@ def test_the_rules_and_the_dashboard_use_only_what_the_library_exports() -> None
         for group in GROUPING.findall(expr):
             grouped = {label.strip() for label in group.split(",")} - {"le"}
             assert grouped <= labels, f"{grouped - labels} not on {names[0]} ({expr})"
-    assert len(rule_expressions()) == 7
+    assert len(rule_expressions()) == 8
+
+
+def alerts() -> List[Tuple[str, str, str]]:
+    """(alert, severity, runbook_url) of every rule, in order."""
+    found = []
+    for block in re.split(r"^\s*- alert: ", RULES.read_text(), flags=re.MULTILINE)[1:]:
+        name = block.split("\n", 1)[0].strip()
+        [severity] = re.findall(r"^\s+severity: (\w+)$", block, re.MULTILINE)
+        [runbook] = re.findall(r"^\s+runbook_url: (\S+)$", block, re.MULTILINE)
+        found.append((name, severity, runbook))
+    return found
+
+
+def test_every_alert_links_its_runbook_in_the_readme() -> None:
+    """Each alert's runbook_url is the README on the project's repository address (pyproject's
+    [project.urls]) with the anchor of a heading named after the alert, and that section says
+    what it means, what to check and what to do; the Chinese part names every alert."""
+    urls = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+    readme_url = f"{urls['Repository']}/blob/main/README.md"
+    text = README.read_text()
+    headings = {anchor(h): h for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+    _, chinese = english_and_chinese()
+    found = alerts()
+    assert len(found) == 8
+    for name, _, runbook in found:
+        assert runbook == f"{readme_url}#{name.lower()}", runbook
+        assert headings.get(name.lower()) == name, f"no README heading {name!r}"
+        start = text.index(f"\n### {name}\n")
+        end = text.find("\n#", start + 1)
+        runbook_text = text[start:end]
+        for part in ("**What it means**", "**What to check**", "**What to do**"):
+            assert part in runbook_text, (name, part)
+        assert f"`{name}`" in chinese, name
+
+
+def test_only_the_store_outage_pages() -> None:
+    """One critical alert, RocketmqDedupStoreUnavailable (sustained, one per application): a
+    store outage pages once, not under two names; every other alert is a warning."""
+    severities = {name: severity for name, severity, _ in alerts()}
+    assert {n for n, s in severities.items() if s == "critical"} == {
+        "RocketmqDedupStoreUnavailable"
+    }
+    assert set(severities.values()) == {"critical", "warning"}

@@ -220,3 +220,22 @@ def test_exhaustion_is_told_apart_from_connection_failures() -> None:
     assert [store.is_outage(e) for e in exhausted] == [False] * len(exhausted)
     assert [store.is_outage(e) for e in failures] == [True] * 3
     assert all(isinstance(store.wrap_error(e), StorePoolExhaustedError) for e in exhausted)
+
+
+def test_an_error_reply_is_recovered_by_its_kind_and_only_a_syntax_error_by_its_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lost script is told by redis-py's NoScriptError (scripts reloaded), not by the text
+    "NOSCRIPT" in some other reply; a server without SET NX GET by its "syntax error" reply,
+    and only while the store sends SET NX GET; any other reply is not recovered."""
+    store = RedisDedupStore(redis.Redis(host="127.0.0.1", port=CLOSED_PORT))  # no I/O yet
+    loads: List[int] = []
+    monkeypatch.setattr(store, "_load_scripts", lambda: loads.append(1))
+    assert store._recover([redis.exceptions.NoScriptError("No matching script.")])
+    assert loads == [1]
+    assert not store._recover([redis.ResponseError("NOSCRIPT in a reply of another kind")])
+    assert not store._recover([redis.ResponseError("WRONGTYPE Operation against a key")])
+    assert loads == [1] and store._set_nx_get
+    assert store._recover([redis.ResponseError("syntax error")])
+    assert not store._set_nx_get  # claims go through the Lua script from now on
+    assert not store._recover([redis.ResponseError("syntax error")])  # not twice

@@ -12,7 +12,7 @@ from rocketmq_dedup.stores.mysql import schema_sql
 BLOCK_EXTRAS = (
     "import sys\n"
     "for name in ('redis', 'MySQLdb', 'pymysql', 'mysql', 'rocketmq', 'click',\n"
-    "             'prometheus_client', 'opentelemetry', 'sqlalchemy'):\n"
+    "             'prometheus_client', 'opentelemetry', 'sqlalchemy', 'psycopg', 'psycopg_pool'):\n"
     "    sys.modules[name] = None  # makes 'import name' raise ImportError\n"
 )
 
@@ -49,6 +49,16 @@ def test_missing_extra_names_the_extra_to_install() -> None:
     assert "pip install 'rocketmq-dedup[redis]'" in result.stdout, result.stderr
 
 
+def test_missing_postgres_extra_names_it() -> None:
+    """The PostgreSQL store without psycopg raises MissingExtraError naming [postgres]."""
+    result = run_python(
+        "from rocketmq_dedup import PostgresDedupStore, MissingExtraError\n"
+        "try:\n    PostgresDedupStore(lambda: None)\n"
+        "except MissingExtraError as exc:\n    print(exc)\n"
+    )
+    assert "pip install 'rocketmq-dedup[postgres]'" in result.stdout, result.stderr
+
+
 def run_module(*args: str) -> subprocess.CompletedProcess[str]:
     """``python -m rocketmq_dedup ARGS``."""
     return subprocess.run(
@@ -82,3 +92,17 @@ def test_missing_cli_extra_is_one_clear_line() -> None:
     assert result.returncode == 2
     assert "pip install 'rocketmq-dedup[cli]'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_cli_writes_out_the_operator_kit(tmp_path: Path) -> None:
+    """``ops export DIR``: the kit's files as the package holds them; an existing file is
+    refused (exit 2) unless --force."""
+    kit = Path(rocketmq_dedup.__file__).parent / "ops"
+    result = run_module("ops", "export", str(tmp_path / "kit"))
+    assert result.returncode == 0, result.stderr
+    for name in ("prometheus/rocketmq-dedup.rules.yml", "grafana/rocketmq-dedup-dashboard.json"):
+        assert (tmp_path / "kit" / name).read_bytes() == (kit / name).read_bytes()
+        assert str(tmp_path / "kit" / name) in result.stdout.splitlines()
+    again = run_module("ops", "export", str(tmp_path / "kit"))
+    assert again.returncode == 2 and "--force overwrites" in again.stderr
+    assert run_module("ops", "export", "--force", str(tmp_path / "kit")).returncode == 0

@@ -9,6 +9,7 @@ import enum
 import inspect
 import logging
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
@@ -56,10 +57,10 @@ def test_every_marker_is_followed_by_its_block() -> None:
 
 
 def test_every_quickstart_file_is_in_the_readme_once() -> None:
-    """samples/quickstart_*.py: all five, each shown once; and the testing sample once."""
+    """samples/quickstart_*.py: all six, each shown once; and the testing sample once."""
     shown = [path for path, _ in marked_blocks(README.read_text())]
     expected = [f"samples/{p.name}" for p in QUICKSTARTS]
-    assert len(expected) == 5
+    assert len(expected) == 6
     assert sorted(p for p in shown if "/quickstart_" in p) == expected
     assert shown.count("samples/test_payment_listener.py") == 1
 
@@ -88,7 +89,7 @@ def test_one_listener_class_serves_both_clients() -> None:
     """Every plain quick start (classic and 5.x) defines the same OrderListener, word for
     word."""
     sources = class_sources("OrderListener")
-    assert sorted(sources) == [p.name for p in PLAIN_QUICKSTARTS] and len(sources) == 4
+    assert sorted(sources) == [p.name for p in PLAIN_QUICKSTARTS] and len(sources) == 5
     assert len(set(sources.values())) == 1
     assert "message_keys(msg)" in next(iter(sources.values()))
 
@@ -146,6 +147,34 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+PROJECT_URLS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]
+REPOSITORY = PROJECT_URLS["Repository"]
+REPO_LINK = re.compile(rf"^{re.escape(REPOSITORY)}/(blob|tree|raw)/main/([^#]+)(?:#(.+))?$")
+
+
+def repo_target(url: str) -> Tuple[str, str, str]:
+    """(kind, path, fragment) of a link to this repository's main branch: ``blob`` (a file),
+    ``tree`` (a folder) or ``raw`` (a file's bytes, for images)."""
+    match = REPO_LINK.match(url)
+    assert match, f"{url} is not a link to {REPOSITORY}'s main branch"
+    return match.group(1), match.group(2), match.group(3) or ""
+
+
+def assert_resolves(url: str) -> None:
+    """An absolute link; one into the repository names a file or folder that exists here,
+    and an anchor of the README one of its headings."""
+    assert url.startswith("https://"), f"{url}: not absolute (the package index shows it)"
+    if not url.startswith(REPOSITORY + "/"):
+        return
+    kind, path, fragment = repo_target(url)
+    target = REPO / path
+    assert target.is_dir() if kind == "tree" else target.is_file(), url
+    if fragment:
+        assert path == "README.md", url
+        headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", README.read_text(), re.M)}
+        assert fragment in headings, url
+
+
 QUICK_START = re.compile(r"^## Quick start\n.*?^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
@@ -161,17 +190,29 @@ def test_the_first_screen_says_what_why_how_to_set_up_and_a_short_quick_start() 
     [code] = QUICK_START.findall(first)
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) <= 15, len(lines)
-    headings = {anchor(h) for h in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
     contents = section("Contents")
-    links = re.findall(r"\]\(([^)]+)\)", contents)
+    links = [repo_target(link) for link in re.findall(r"\]\(([^)]+)\)", contents)]
+    anchors = {fragment for _, path, fragment in links if path == "README.md"}
     for needed in ("configuration", "operating-it", "performance", "under-faults"):
-        assert f"#{needed}" in links, needed
-    assert any(link.startswith("#exactly-once") for link in links)
-    for link in links + re.findall(r"\]\((#[^)]+)\)", first):
-        if link.startswith("#"):
-            assert link[1:] in headings, link
-        else:
-            assert (REPO / link).exists(), link
+        assert needed in anchors, needed
+    assert any(a.startswith("exactly-once") for a in anchors)
+    for link in re.findall(r"\]\(([^)]+)\)", contents + first):
+        assert_resolves(link)
+
+
+MARKDOWN_LINK = re.compile(r"(!?)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_link_and_image_is_absolute_and_resolves() -> None:
+    """The README is the package's long description, and the package index resolves no
+    relative link: every link and image is an absolute URL; those into the repository name
+    files and folders that exist and README headings, images by their raw bytes."""
+    links = MARKDOWN_LINK.findall(README.read_text())
+    assert len(links) >= 30
+    for bang, url in links:
+        assert_resolves(url)
+        if bang and url.startswith(REPOSITORY):
+            assert repo_target(url)[0] == "raw", url
 
 
 def test_the_quick_start_is_the_samples_essentials() -> None:
@@ -240,6 +281,59 @@ def test_the_options_table_is_dedup_configs_settings_with_their_defaults() -> No
         assert default == defaults[name], name
 
 
+#: A non-default value of each store option, and the client of the store that takes it (built
+#: without a server: check_store=False, no connection until a message).
+STORE_OPTION_VALUES = {
+    "table_name": ("mysql", "t_orders_dedup"),
+    "pool_size": ("mysql", 3),
+    "pool_timeout": ("mysql", 1.5),
+    "key_prefix": ("redis", "ORDERS"),
+    "defer_marks_ms": ("mysql", 0),
+}
+
+
+def store_client(kind: str) -> Any:
+    if kind == "redis":
+        import redis
+
+        return redis.Redis(port=1)
+    return lambda: None  # a MySQL connection factory never called
+
+
+def test_the_readme_says_which_options_are_attributes_and_where_to_read_the_others() -> None:
+    """Every setting row is an attribute of the config, read back and assigned; every row
+    that points at ``config.persist.NAME`` is the store's option, readable there with the
+    value given and not an attribute of the config; the paragraph names exactly those; and
+    check_store, said to be not kept, is not kept."""
+    from rocketmq_dedup.stores import STORE_OPTIONS
+
+    text = section("Configuration")
+    rows = {row[0].strip("`"): row[2] for row in table_rows(text, "| option | default | meaning |")}
+    on_store = {name for name, meaning in rows.items() if f"`config.persist.{name}`" in meaning}
+    assert on_store == set(STORE_OPTIONS) == set(STORE_OPTION_VALUES)
+    paragraph = text[: text.index("| option | default | meaning |")]
+    claim = paragraph[paragraph.index("The store's options (") :]
+    assert set(re.findall(r"`(\w+)`", claim[: claim.index(")")])) == on_store
+    assert "read as `config.persist.table_name`" in paragraph
+    for name in on_store:
+        kind, value = STORE_OPTION_VALUES[name]
+        config = DedupConfig.enable_dedup_consume_config(
+            "app", store_client(kind), check_store=False, **{name: value}
+        )
+        assert getattr(config.persist, name) == value, name
+        assert not hasattr(config, name), name
+    assert "not kept" in rows["check_store"]
+    config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore(), check_store=True)
+    assert not hasattr(config, "check_store")
+    settings = set(rows) - on_store - {"check_store"}
+    assert settings == set(DedupConfig.settings())
+    assert "Every setting is\nalso an attribute of the config" in paragraph
+    for name in settings:
+        default = DedupConfig.settings()[name]
+        setattr(config, name, default)  # the Java setter, validated
+        assert getattr(config, name) == default, name
+
+
 def exported_prometheus() -> Set[str]:
     """The sample names PrometheusMetrics exports once every kind of event happened."""
     from prometheus_client import CollectorRegistry
@@ -252,6 +346,7 @@ def exported_prometheus() -> Set[str]:
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
     metrics.leases("app", 1, 1)
+    metrics.purge("t_rocketmq_dedup", 1, 2.0)
     return {sample.name for family in registry.collect() for sample in family.samples}
 
 
@@ -268,6 +363,7 @@ def exported_opentelemetry() -> Set[str]:
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, True)
     metrics.store_operation("app", StoreOp.CLAIM, 0.001, False)
     metrics.leases("app", 1, 1)
+    metrics.purge("t_rocketmq_dedup", 1, 2.0)
     data = reader.get_metrics_data()
     assert data is not None
     return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
@@ -333,7 +429,8 @@ def test_env_vars_and_ports_in_the_readme_are_the_codes() -> None:
     """Each environment variable and each port the README (either language) names appears in
     the code, samples or scripts that read or open it."""
     text, code = README.read_text(), code_text()
-    env_vars = set(re.findall(r"\b((?:ROCKETMQ|REDIS|MYSQL|ORDER|DEDUP)_[A-Z_]+[A-Z])\b", text))
+    prefixes = "ROCKETMQ|REDIS|MYSQL|POSTGRES|ORDER|DEDUP"
+    env_vars = set(re.findall(rf"\b((?:{prefixes})_[A-Z_]+[A-Z])\b", text))
     env_vars |= {"REDISCLI_AUTH"}
     assert len(env_vars) >= 10
     for name in env_vars:
@@ -341,7 +438,7 @@ def test_env_vars_and_ports_in_the_readme_are_the_codes() -> None:
     ports = set(re.findall(r"(?:127\.0\.0\.1:|port=|\()(\d{4,5})\b", text))
     ports |= set(re.findall(r"(?:server|gRPC|remoting|broker) (\d{4,5})\b", text))
     ports |= {p for pair in re.findall(r"\b(\d{5})-(\d{5})\b", text) for p in pair}
-    assert {"16379", "13306", "9876", "8081", "19090", "8000"} <= ports
+    assert {"16379", "13306", "15432", "9876", "8081", "19090", "8000"} <= ports
     for port in ports:
         assert re.search(rf"\b{port}\b", code), port
 
@@ -366,3 +463,21 @@ def test_the_chinese_section_names_what_the_english_one_does() -> None:
     assert checked >= 40
     for address in re.findall(r"127\.0\.0\.1:\d+", chinese):
         assert address in english, address
+
+
+def test_the_store_accounts_needs_are_the_codes() -> None:
+    """The Redis ACL rules the README gives the application's user are the commands the store
+    sends and its scripts run, on its key pattern (in both languages); the MySQL GRANTs are
+    the privileges the store names in its refusals, on the dedup and sequence tables."""
+    from rocketmq_dedup.stores.mysql.privileges import PRIVILEGES
+    from rocketmq_dedup.stores.redis.acl import acl_rules
+
+    _, chinese = english_and_chinese()
+    rules = acl_rules("MSGDEDUP:*")
+    assert f"ACL SETUSER order-service on >password {rules}\n" in section("Quick start (Redis)")
+    assert f"`{rules}`" in chinese
+    grant = f"GRANT {', '.join(PRIVILEGES)} ON dedup_test.t_rocketmq_dedup"
+    mysql = section("Quick start (MySQL / MariaDB)")
+    assert f"{grant} TO 'order-service'@'%';" in mysql
+    assert f"{grant}_seq TO 'order-service'@'%';" in mysql
+    assert f"`{', '.join(PRIVILEGES)}`" in chinese

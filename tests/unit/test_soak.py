@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections import Counter
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 import pytest
 
 from bench.soak import accounting
-from bench.soak.evidence import LOST_BY_BROKER, Effect, Event, Kill, judge, parse_events, summary
+from bench.soak.evidence import (
+    LOST_BY_BROKER,
+    Effect,
+    Event,
+    Kill,
+    fields,
+    judge,
+    parse_events,
+    summary,
+)
 from bench.soak.plan import (
     FAIL_FIRST_SHARE,
     fails_first,
@@ -65,10 +75,83 @@ def test_faults_cover_every_kind_while_messages_flow() -> None:
     assert [f.at_s for f in schedule] == sorted(f.at_s for f in schedule)
 
 
-def test_parse_events_skips_a_torn_line() -> None:
-    """A line cut by a SIGKILL is skipped, the others are read."""
-    events = parse_events(["1.5 10 k1 decision consumed:mark_ok", "2.0 10 k2 deci", ""])
-    assert events == [Event(1.5, 10, "k1", "decision", "consumed:mark_ok")]
+def test_parse_events_reads_both_line_shapes_and_skips_a_torn_line() -> None:
+    """Lines with a thread id and without (older files) are read; a line cut by a SIGKILL is
+    skipped; a detail's fields are read by name."""
+    events = parse_events(
+        [
+            "1.5 10 7 k1 claim claimed,owner=o.10.1@1,took=0.0010",
+            "1.6 10 k1 decision consumed:mark_ok",
+            "2.0 10 k2 deci",
+            "",
+        ]
+    )
+    assert events == [
+        Event(1.5, 10, "k1", "claim", "claimed,owner=o.10.1@1,took=0.0010", 7),
+        Event(1.6, 10, "k1", "decision", "consumed:mark_ok"),
+    ]
+    assert fields(events[0].detail) == {"": "claimed", "owner": "o.10.1@1", "took": "0.0010"}
+
+
+class Consumer:
+    """The evidence lines one consumer process writes (bench.soak.consumer), built by hand:
+    a callback thread's claim, effect, mark and decision, the LeaseKeeper's renewals (thread
+    99), the watchdog's stalls."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.events: List[Event] = []
+        self.effects: List[Effect] = []
+        self.tokens = 0
+
+    def line(self, at: float, key: str, kind: str, detail: str = "-", tid: int = 1) -> None:
+        self.events.append(Event(at, self.pid, key, kind, detail, tid))
+
+    def claim(self, key: str, at: float, outcome: str = "claimed", tid: int = 1) -> str:
+        self.tokens += 1
+        owner = f"r.{self.pid}.{self.tokens}@1"
+        self.line(at, key, "claim", f"{outcome},owner={owner},took=0.0010", tid)
+        return owner
+
+    def effect(self, key: str, at: float, error: bool = False, tid: int = 1) -> None:
+        self.line(at, key, "effect_begin", tid=tid)
+        if error:
+            self.line(at + 0.01, key, "effect_error", "OperationalError", tid)
+        else:
+            self.line(at + 0.01, key, "effect", "took=0.0100", tid)
+        self.effects.append(Effect(key, self.pid, at))
+
+    def mark(self, key: str, owner: str, at: float, ok: bool = True, tid: int = 1) -> None:
+        outcome = "ok" if ok else "error,error=StoreUnavailableError"
+        self.line(at, key, "mark", f"{outcome},owner={owner},took=0.0010", tid)
+        self.line(at, key, "decision", "consumed:mark_ok" if ok else "consumed:mark_failed", tid)
+
+    def renew(self, key: str, owner: str, at: float, outcome: str = "ok", took: float = 0.002):
+        self.line(at, key, "renew", f"{outcome},owner={owner},took={took:.4f}", tid=99)
+
+    def stall(self, at: float, gap: float) -> None:
+        self.line(at, "-", "stall", f"gap={gap:.3f},cpu=0.010,load=9.0", tid=98)
+
+    def applies(self, key: str, at: float, mark_after: float = 0.05, tid: int = 1) -> str:
+        """Claims, applies and marks ``key`` from ``at``: the ordinary path."""
+        owner = self.claim(key, at, tid=tid)
+        self.effect(key, at + 0.02, tid=tid)
+        self.mark(key, owner, at + 0.02 + mark_after, tid=tid)
+        return owner
+
+    def without_dedup(self, key: str, at: float, tid: int = 1) -> None:
+        """The claim raised (store down) and the handler ran anyway (the default policy)."""
+        self.line(at, key, "claim", "error,error=StoreUnavailableError,owner=x,took=2.5", tid)
+        self.effect(key, at + 0.02, tid=tid)
+        self.line(at + 0.04, key, "decision", "store_error_consumed", tid)
+
+
+def verdict_of(*consumers: Consumer, kills: Sequence[Kill] = (), store_kill: str = "redis_kill"):
+    """The verdict on every key of these consumers' evidence."""
+    events = sorted((e for c in consumers for e in c.events), key=lambda e: e.at)
+    effects = [e for c in consumers for e in c.effects]
+    keys = sorted({e.key for e in effects})
+    return judge(keys, effects, events, list(kills), store_kill)
 
 
 def effects(*rows: tuple[str, int, float]) -> list[Effect]:
@@ -81,71 +164,151 @@ def test_lost_and_applied_keys() -> None:
     assert verdict.lost == ["c"] and verdict.applied_keys == 2 and verdict.doubles == {}
 
 
-def test_a_double_apply_after_a_kill_before_the_mark_is_explained() -> None:
-    """The first applier was SIGKILLed after its effect and never reported a decision."""
-    verdict = judge(
-        ["a"],
-        effects(("a", 10, 5.0), ("a", 11, 20.0)),
-        [Event(20.1, 11, "a", "decision", "consumed:mark_ok")],
-        [Kill("sigkill", 5.01, 10)],
-        "redis_kill",
+def test_an_applier_killed_after_its_effect_explains_the_claim_after_its_lease() -> None:
+    """The first applier was SIGKILLed after its effect, before its mark: a claim after its
+    lease lapsed is explained; one while its claim was still live is not."""
+    a, b = Consumer(10), Consumer(11)
+    a.claim("k", 5.0)
+    a.effect("k", 5.02)
+    b.applies("k", 15.2)
+    assert verdict_of(a, b, kills=[Kill("sigkill", 5.1, 10)]).doubles == {"k": "killed_before_mark"}
+    early = Consumer(11)
+    early.applies("k", 12.0)
+    verdict = verdict_of(a, early, kills=[Kill("sigkill", 5.1, 10)])
+    assert verdict.unexplained == ["k"] and summary(verdict) == (1, 0)
+    assert "claim was live" in str(verdict.appliers["k"][1]["note"])
+
+
+def test_a_record_lost_with_redis_is_explained_and_one_kept_by_mariadb_is_not() -> None:
+    """CONSUMED was confirmed, Redis was killed within the AOF window, and the key was
+    claimed again after the restart; a MariaDB kill loses no committed row."""
+    a, b = Consumer(10), Consumer(11)
+    a.applies("k", 5.0)
+    b.applies("k", 9.0)
+    assert verdict_of(a, b, kills=[Kill("redis_kill", 5.8)]).doubles == {
+        "k": "record_lost_with_store"
+    }
+    mysql = verdict_of(a, b, kills=[Kill("mysql_kill", 5.8)], store_kill="mysql_kill")
+    assert mysql.unexplained == ["k"]
+
+
+def test_a_mark_failed_in_a_redis_kill_is_told_from_the_claim_lost_with_it() -> None:
+    """The claim was confirmed, then Redis was killed and the mark failed: a later claim after
+    the claim's lease is ``mark_failed``; one before it, after the restart, is only possible
+    because the claim was lost with Redis."""
+    a = Consumer(10)
+    owner = a.claim("k", 5.0)
+    a.effect("k", 5.02)
+    a.mark("k", owner, 5.9, ok=False)
+    late, early = Consumer(11), Consumer(11)
+    late.applies("k", 15.5)
+    early.applies("k", 8.0)
+    kills = [Kill("redis_kill", 5.5)]
+    assert verdict_of(a, late, kills=kills).doubles == {"k": "mark_failed"}
+    assert verdict_of(a, early, kills=kills).doubles == {"k": "record_lost_with_store"}
+    assert verdict_of(a, early).unexplained == ["k"]
+
+
+def test_an_applier_that_ran_without_dedup_explains_itself_and_the_next() -> None:
+    """The second applier's claim failed (store down) and it ran without dedup: explained by
+    its own evidence though the first's explains nothing; an applier that ran without dedup
+    left no record, so a later claim that won is explained too."""
+    a, b = Consumer(10), Consumer(11)
+    a.applies("k", 1.0)
+    b.without_dedup("k", 3.0)
+    verdict = verdict_of(a, b)
+    assert verdict.doubles == {"k": "ran_without_dedup"}
+    assert verdict.appliers["k"][1]["pid"] == 11
+    first, then = Consumer(10), Consumer(11)
+    first.without_dedup("j", 1.0)
+    then.applies("j", 3.0)
+    assert verdict_of(first, then).doubles == {"j": "ran_without_dedup"}
+
+
+def test_every_applier_is_weighed_not_only_the_first() -> None:
+    """Three appliers: the second ran without dedup (explained), but the third claimed after
+    the first's CONSUMED mark was confirmed with no fault near: the key is unexplained (the
+    outage of the second does not excuse the third)."""
+    a, b, c = Consumer(10), Consumer(11), Consumer(12)
+    a.applies("k", 1.0)
+    b.without_dedup("k", 3.0)
+    c.applies("k", 5.0)
+    verdict = verdict_of(a, b, c)
+    assert verdict.unexplained == ["k"]
+    causes = [entry.get("cause") for entry in verdict.appliers["k"]]
+    assert causes == [None, "ran_without_dedup", None]
+    assert "CONSUMED mark" in str(verdict.appliers["k"][2]["note"])
+
+
+def test_a_lease_lapsed_in_a_measured_stall_is_explained_from_the_second_applier() -> None:
+    """Applier B claimed first and its process stalled (its watchdog says for how long)
+    before it could renew; A took the lapsed claim over and applied first; B woke, applied
+    and marked CONSUMED over A's record. By effect time A is the first applier and its
+    evidence explains nothing: B's, the second applier's, does. Without the stall lines the
+    same lapse is unexplained."""
+    a, b = Consumer(10), Consumer(11)
+    owner = b.claim("k", 0.0)
+    b.stall(10.6, 10.5)  # the process stalled from 0.1 to 10.6
+    b.effect("k", 10.62)
+    b.mark("k", owner, 10.7)
+    a.applies("k", 10.2)
+    a.events[0] = Event(
+        10.2, 10, "k", "claim", a.events[0].detail.replace("claimed", "taken_over"), 1
     )
-    assert verdict.doubles == {"a": "killed_before_mark"}
-    assert summary(verdict) == (1, 1)
+    verdict = verdict_of(a, b)
+    assert verdict.doubles == {"k": "lease_lapsed_under_stall"}
+    assert [entry["pid"] for entry in verdict.appliers["k"]] == [11, 10]  # in claim order
+    b.events = [e for e in b.events if e.kind != "stall"]
+    unstalled = verdict_of(a, b)
+    assert unstalled.unexplained == ["k"]
+    assert "0.0s stalled" in str(unstalled.appliers["k"][1]["note"])
 
 
-def test_a_double_apply_after_the_record_was_lost_with_redis_is_explained() -> None:
-    """CONSUMED was confirmed, Redis was killed within the AOF window, and the key ran again
-    after the restart."""
-    verdict = judge(
-        ["a"],
-        effects(("a", 10, 5.0), ("a", 11, 9.0)),
-        [
-            Event(5.1, 10, "a", "decision", "consumed:mark_ok"),
-            Event(9.1, 11, "a", "decision", "consumed:mark_ok"),
-        ],
-        [Kill("redis_kill", 5.8)],
-        "redis_kill",
-    )
-    assert verdict.doubles == {"a": "record_lost_with_store"}
+def test_a_lease_lapsed_because_renewals_failed_is_explained_but_not_while_renewed() -> None:
+    """The first applier's renewals raised (the store was down) until its lease lapsed: the
+    store's; a claim while its last successful renewal was still live is a defect."""
+    a, b = Consumer(10), Consumer(11)
+    owner = a.claim("k", 0.0)
+    a.renew("k", owner, 3.3, "error,error=StoreUnavailableError")
+    a.renew("k", owner, 6.6, "error,error=StoreUnavailableError")
+    a.renew("k", owner, 9.9, "error,error=StoreUnavailableError")
+    b.applies("k", 10.5)
+    a.effect("k", 12.0)
+    a.mark("k", owner, 12.1)
+    assert verdict_of(a, b).doubles == {"k": "lease_lapsed_store"}
+    renewed, c = Consumer(10), Consumer(11)
+    owner = renewed.claim("k", 0.0)
+    renewed.renew("k", owner, 3.3)
+    c.applies("k", 10.5)  # the lease ran to 13.3
+    renewed.effect("k", 12.0)
+    renewed.mark("k", owner, 12.1)
+    verdict = verdict_of(renewed, c)
+    assert verdict.unexplained == ["k"]
+    assert "claim was live" in str(verdict.appliers["k"][1]["note"])
 
 
-def test_outage_mark_failure_and_ambiguous_commit_are_explained() -> None:
-    """Ran without dedup in an outage; acked after a failed mark; an effect whose commit
-    raised although the row exists."""
-    verdict = judge(
-        ["a", "b", "c"],
-        effects(("a", 1, 1.0), ("a", 2, 3.0), ("b", 1, 1.0), ("b", 2, 30.0)),
-        [
-            Event(1.1, 1, "a", "decision", "store_error_consumed"),
-            Event(1.1, 1, "b", "decision", "consumed:mark_failed"),
-        ],
-        [],
-        "redis_kill",
-    )
-    assert verdict.doubles == {"a": "ran_without_dedup", "b": "mark_failed"}
-    ambiguous = judge(
-        ["c"],
-        effects(("c", 1, 1.0), ("c", 2, 3.0)),
-        [Event(1.2, 1, "c", "effect_error", "OperationalError")],
-        [Kill("mysql_kill", 1.1)],
-        "mysql_kill",
-    )
-    assert ambiguous.doubles == {"c": "ambiguous_effect_commit"}
+def test_a_failed_mark_and_an_ambiguous_effect_commit_are_explained() -> None:
+    """Acked after a failed CONSUMED mark, claimed again after the lease; an effect whose
+    commit raised although the row exists (its claim released, the retry ran)."""
+    a, b = Consumer(1), Consumer(2)
+    owner = a.claim("m", 1.0)
+    a.effect("m", 1.02)
+    a.mark("m", owner, 1.05, ok=False)
+    b.applies("m", 30.0)
+    assert verdict_of(a, b).doubles == {"m": "mark_failed"}
+    c, d = Consumer(1), Consumer(2)
+    c.claim("c", 1.0)
+    c.effect("c", 1.02, error=True)
+    d.applies("c", 3.0)
+    assert verdict_of(c, d).doubles == {"c": "ambiguous_effect_commit"}
 
 
-def test_a_double_apply_without_evidence_is_unexplained() -> None:
+def test_a_claim_after_a_confirmed_mark_without_a_fault_is_unexplained() -> None:
     """Two applications, both confirmed, no fault near them: a defect, reported as such."""
-    verdict = judge(
-        ["a"],
-        effects(("a", 10, 5.0), ("a", 11, 9.0)),
-        [
-            Event(5.1, 10, "a", "decision", "consumed:mark_ok"),
-            Event(9.1, 11, "a", "decision", "consumed:mark_ok"),
-        ],
-        [Kill("redis_kill", 30.0), Kill("sigkill", 5.05, 12)],
-        "redis_kill",
-    )
+    a, b = Consumer(10), Consumer(11)
+    a.applies("a", 5.0)
+    b.applies("a", 9.0)
+    verdict = verdict_of(a, b, kills=[Kill("redis_kill", 30.0), Kill("sigkill", 5.05, 12)])
     assert verdict.unexplained == ["a"]
     assert summary(verdict) == (1, 0)
 
@@ -429,3 +592,74 @@ def test_help_starts_nothing(script: str, args: List[str], tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
     assert not state.exists()
+
+
+def test_the_observed_store_writes_every_claim_renewal_mark_and_release(tmp_path: Path) -> None:
+    """The soak consumer's store subclass writes one line per key and call (outcome, owner,
+    the holder a refused claim saw, a store error) and answers what the store answered."""
+    from bench.soak.consumer import Evidence, Observed
+    from rocketmq_dedup import DedupElement, MemoryDedupStore
+    from rocketmq_dedup.errors import StoreUnavailableError
+    from rocketmq_dedup.stores.base import Claim
+
+    class ObservedMemory(Observed, MemoryDedupStore):
+        pass
+
+    now = [0.0]
+    store = ObservedMemory(clock=lambda: now[0])
+    path = tmp_path / "evidence.log"
+    store.watch(Evidence(str(path)))
+    first, second = (
+        Claim(DedupElement("a", "T", "", "k"), "o1"),
+        Claim(DedupElement("a", "T", "", "k"), "o2"),
+    )
+    other = Claim(DedupElement("a", "T", "", "j"), "o3")
+    assert store.claim(first, 10_000).claimed
+    assert not store.claim(second, 10_000).claimed
+    assert store.renew_many([first, other], 10_000) == [True, False]
+    store.mark_consumed(first, 60_000)
+    assert store.claim_many([other], 10_000)[0].claimed
+    assert store.release_many([other]) == 1
+    assert store.release(other) is False
+
+    def fail(*args: object) -> None:
+        raise StoreUnavailableError("down")
+
+    store.do_claim = fail  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailableError):
+        store.claim(second, 10_000)
+    lines = parse_events(path.read_text().splitlines())
+    seen = [(e.key, e.kind, fields(e.detail)) for e in lines]
+    assert [(key, kind, said[""], said["owner"]) for key, kind, said in seen] == [
+        ("k", "claim", "claimed", "o1"),
+        ("k", "claim", "refused", "o2"),
+        ("k", "renew", "ok", "o1"),
+        ("j", "renew", "lost", "o3"),
+        ("k", "mark", "ok", "o1"),
+        ("j", "claim", "claimed", "o3"),
+        ("j", "release", "ok", "o3"),
+        ("j", "release", "gone", "o3"),
+        ("k", "claim", "error", "o2"),
+    ]
+    refused = seen[1][2]
+    assert refused["status"] == "CONSUMING" and refused["holder"] == "o1"
+    assert seen[-1][2]["error"] == "StoreUnavailableError"
+    assert all(float(said["took"]) >= 0 for _, _, said in seen)
+    assert {e.tid for e in lines} == {threading.get_native_id()}
+
+
+def test_stalls_are_summed_and_the_worst_listed() -> None:
+    """The watchdogs' stall lines: how many, how many of a second or more, the longest first."""
+    events = [
+        Event(110.0, 1, "-", "stall", "gap=0.300,cpu=0.010,load=3.0"),
+        Event(120.0, 2, "-", "stall", "gap=9.700,cpu=0.020,load=14.5"),
+        Event(130.0, 1, "-", "stall", "gap=1.500,cpu=1.400,load=8.0"),
+        Event(130.0, 1, "k", "decision", "consumed"),
+    ]
+    out = accounting.stall_summary(events, {1: "classic", 2: "grpc"}, start=100.0, worst=2)
+    assert out["count"] == 3 and out["over_1s"] == 2 and out["max_s"] == 9.7
+    assert out["total_s"] == 11.5
+    assert out["worst"] == [
+        {"pid": 2, "kind": "grpc", "at_s": 10.3, "gap_s": 9.7, "cpu_s": 0.02, "load": 14.5},
+        {"pid": 1, "kind": "classic", "at_s": 28.5, "gap_s": 1.5, "cpu_s": 1.4, "load": 8.0},
+    ]

@@ -6,14 +6,11 @@ from __future__ import annotations
 import _thread
 import ctypes
 import itertools
-import json
 import os
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -22,10 +19,8 @@ from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, 
 from rocketmq_dedup._threads import kept_states, thread_state_kept
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.testing import ClassicMessage
-from tests.native import NativeBuildError, build_library, run_callbacks
-from tests.support import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.native import run_callbacks
+from tests.support import fresh_python, last_json_line, wait_for
 
 SUCCESS = int(ConsumeStatus.CONSUME_SUCCESS)
 
@@ -38,14 +33,6 @@ class Listener(DedupConcurrentListener):
     def do_handle_msg(self, msg: object) -> bool:
         self.runs.append(str(msg))
         return True
-
-
-@pytest.fixture(scope="module")
-def native_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    try:
-        return build_library(tmp_path_factory.mktemp("native"))
-    except NativeBuildError as exc:
-        pytest.fail(f"cannot build the native callback library: {exc}")
 
 
 def test_a_plain_native_callback_gets_a_fresh_state_each_time(native_lib: ctypes.CDLL) -> None:
@@ -118,16 +105,9 @@ def test_one_kept_state_per_native_thread_and_none_for_python_threads(
 
 def run_churn(*args: str) -> Dict[str, Any]:
     """``python -m tests.native.churn`` in a fresh process (its RSS is about this run only)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.native.churn", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    measured: Dict[str, Any] = last_json_line(
+        fresh_python("-m", "tests.native.churn", *args, timeout=300)
     )
-    assert result.returncode == 0, result.stderr
-    measured: Dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
     return measured
 
 

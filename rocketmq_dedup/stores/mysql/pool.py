@@ -1,187 +1,28 @@
-"""The bounded pool that hands the MySQL store's connections (as statement runners,
-:mod:`.connection`) to its operations, one operation at a time each; fork-safe."""
+"""The MySQL store's pool of statement runners (:mod:`.connection`): the SQL stores' bounded,
+fork-safe pool (:mod:`rocketmq_dedup.stores.pool`), which retries once after a lost connection
+(:func:`~.errors.is_connection_error`)."""
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-import time
-import weakref
-from typing import Any, Callable, List, Optional
+from typing import Callable, Optional
 
-from rocketmq_dedup.errors import StorePoolExhaustedError
 from rocketmq_dedup.stores.mysql.connection import Runner
-
-logger = logging.getLogger(__name__)
-
-_POOLS: weakref.WeakSet[ConnectionPool] = weakref.WeakSet()
+from rocketmq_dedup.stores.mysql.errors import is_connection_error
+from rocketmq_dedup.stores.pool import BoundedPool
 
 
-class ConnectionPool:
-    """At most ``size`` connections (as statement runners), each used by one operation at a
-    time: :meth:`take` one, then :meth:`give` it back, or :meth:`discard` it after an error.
+class ConnectionPool(BoundedPool[Runner]):
+    """The MySQL store's pool of statement runners (see
+    :class:`~rocketmq_dedup.stores.pool.BoundedPool`)."""
 
-    * Idle runners are reused last-in first-out, so a lone caller keeps using one connection
-      and the number open is the number of callers that were ever concurrent, up to ``size``.
-    * When all ``size`` are busy a caller waits up to ``timeout`` seconds for one, then gets
-      :class:`StorePoolExhaustedError`: not an outage (no server failed, the consumer's threads
-      outnumber its connections), so the messages are consumed later, never without dedup.
-    * Taking and giving back is a lock and a list pop/append (no object per call).
-    * ``fork()``: in the child the pool starts empty (an ``os.register_at_fork`` hook). The
-      parent's connections are never used, closed or freed there: closing one (mysqlclient
-      also does it when the object is freed) would send COM_QUIT over the socket the parent
-      still uses. That is at most ``size`` objects per fork generation.
-    """
-
-    def __init__(self, open_runner: Callable[[], Runner], size: int, timeout: float) -> None:
-        self._open_runner = open_runner
-        self.size = size
-        self.timeout = timeout
-        self._inherited: List[Runner] = []  # from the parent process: never touched
-        self._reset()
-        _POOLS.add(self)
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)
-        self._idle: List[Runner] = []
-        self._live: List[Runner] = []  # open in this process, idle or busy
-        self._slots = 0  # live runners plus connects in flight
-        self._waiting = 0
-        self._generation = 0
-        self.pid = os.getpid()
-
-    def _after_fork(self) -> None:
-        inherited = self._live
-        self._reset()
-        self._inherited += inherited
-        _never_free(inherited)
-
-    @property
-    def waiting(self) -> int:
-        """Callers waiting for a connection."""
-        return self._waiting
-
-    @property
-    def open_count(self) -> int:
-        """How many connections this process has open (or is opening) from this pool."""
-        return self._slots
-
-    def take(self) -> Runner:
-        """An idle runner, or a new one (a new connection) while fewer than ``size`` are open;
-        else wait for one to come back."""
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-            if self._slots >= self.size:
-                runner = self._wait()
-                if runner is not None:
-                    return runner
-            self._slots += 1
-            generation = self._generation
-        try:
-            runner = self._open_runner()
-        except BaseException:
-            with self._lock:
-                self._slots -= 1
-                if self._waiting:
-                    self._freed.notify()
-            raise
-        runner.generation = generation
-        with self._lock:
-            self._live.append(runner)
-        return runner
-
-    def _wait(self) -> Optional[Runner]:
-        """With the lock held: wait until a runner is idle (return it) or a slot is free
-        (return None); raise after ``timeout`` seconds."""
-        deadline = time.monotonic() + self.timeout
-        self._waiting += 1
-        try:
-            while not self._idle and self._slots >= self.size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise StorePoolExhaustedError(
-                        f"all {self.size} MySQL connections of the pool stayed busy for "
-                        f"{self.timeout:g} s (raise pool_size, or look for slow statements)"
-                    )
-                self._freed.wait(remaining)
-        finally:
-            self._waiting -= 1
-        return self._idle.pop() if self._idle else None
-
-    def give(self, runner: Runner) -> None:
-        """Return a runner whose operation succeeded."""
-        with self._lock:
-            if runner.generation == self._generation and runner.pid == self.pid:
-                runner.idle_since = time.monotonic()
-                self._idle.append(runner)
-                if self._waiting:
-                    self._freed.notify()
-                return
-        self.discard(runner)  # opened before close() or before a fork
-
-    def discard(self, runner: Runner) -> None:
-        """Drop a runner that failed (or is stale) and close its connection, unless it was
-        inherited from the parent process."""
-        with self._lock:
-            if runner.pid != self.pid:
-                return  # the parent's: stays in _inherited, never closed here
-            try:
-                self._live.remove(runner)
-            except ValueError:  # already dropped by drain() or close()
-                return
-            self._slots -= 1
-            if self._waiting:
-                self._freed.notify()
-        runner.close()
-
-    def drain(self) -> None:
-        """Close the idle connections (after a lost connection: they are most likely lost
-        too, e.g. the server restarted). Busy ones are judged by their own operations."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-            for runner in idle:
-                self._live.remove(runner)
-            self._slots -= len(idle)
-            if self._waiting:
-                self._freed.notify_all()
-        for runner in idle:
-            runner.close()
-
-    def close(self) -> None:
-        """Close every idle connection now and every busy one when it comes back. The pool
-        stays usable: the next :meth:`take` opens a new connection."""
-        with self._lock:
-            self._generation += 1
-        self.drain()
+    def __init__(
+        self,
+        open_runner: Callable[[], Runner],
+        size: int,
+        timeout: float,
+        describe: Optional[Callable[[], str]] = None,
+    ) -> None:
+        super().__init__(open_runner, size, timeout, "MySQL", is_connection_error, describe)
 
 
-def _never_free(objects: List[Any]) -> None:
-    """Keep ``objects`` alive until the process ends, interpreter shutdown included: one
-    reference more than anything will ever drop. Freeing a connection inherited across
-    ``fork()`` would close it for the parent too (mysqlclient's dealloc sends COM_QUIT,
-    mysql-connector-python's socket shuts the TCP connection down), and a list alone is
-    cleared when the child exits normally."""
-    if not objects:
-        return
-    try:
-        import ctypes  # only in a forked child that inherited connections
-    except ImportError:  # pragma: no cover - a Python built without ctypes
-        logger.warning("no ctypes: connections inherited across fork() may close at exit")
-        return
-    incref = ctypes.pythonapi.Py_IncRef
-    incref.argtypes = [ctypes.py_object]
-    incref.restype = None
-    for obj in objects:
-        incref(obj)
-
-
-def _after_fork_in_child() -> None:
-    for pool in list(_POOLS):
-        pool._after_fork()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+__all__ = ["ConnectionPool"]

@@ -74,14 +74,17 @@ MARK_MANY_SQL = (
     "UPDATE {table} SET status = 'CONSUMED', owner_token = CASE dedup_key {cases} END, "
     f"expire_time = {NOW_MS} + %s WHERE dedup_key IN ({{marks}})"
 )
+# The lease runs ``%s`` ms from now, and at least 1 ms past where it ran: a renewal in the same
+# server millisecond as the claim (or the last renewal) would otherwise set the same value, and
+# an UPDATE that changes nothing reports 0 rows (no CLIENT_FOUND_ROWS): read as "taken over".
 RENEW_SQL = (
-    f"UPDATE {{table}} SET expire_time = {NOW_MS} + %s "
+    f"UPDATE {{table}} SET expire_time = GREATEST({NOW_MS} + %s, expire_time + 1) "
     "WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
 )
 # The purge's scan: the next batch of keys after a key, in primary-key order (a consistent,
-# unlocked read), each with whether it has expired on the server's clock.
+# unlocked read), each with how long ago it expired on the server's clock (ms; >= 0: expired).
 PURGE_SCAN_SQL = (
-    f"SELECT dedup_key, expire_time <= {NOW_MS} FROM {{table}} "
+    f"SELECT dedup_key, {NOW_MS} - expire_time FROM {{table}} "
     "WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
 )
 # Deletes the listed rows that are still expired (one may have been taken over since the scan).
@@ -102,6 +105,12 @@ CLAIMS_SQL = (
     f"SELECT {_RECORD_COLUMNS} FROM {{table}} "
     f"WHERE application_name = %s AND status = 'CONSUMING' AND expire_time > {NOW_MS}"
 )
+# The live CONSUMED record with the least time left (rocketmq-dedup stats: its age).
+OLDEST_CONSUMED_SQL = (
+    f"SELECT {_RECORD_COLUMNS} FROM {{table}} "
+    f"WHERE application_name = %s AND status = 'CONSUMED' AND expire_time > {NOW_MS} "
+    "ORDER BY expire_time LIMIT 1"
+)
 # The columns and primary key the store needs (rocketmq-dedup check).
 COLUMNS_SQL = (
     "SELECT column_name, column_key FROM information_schema.columns "
@@ -109,6 +118,8 @@ COLUMNS_SQL = (
 )
 REQUIRED_COLUMNS = (*(c.strip() for c in _COLUMNS.split(",")), "deliveries")
 VERSION_SQL = "SELECT VERSION()"
+# The account the server matched the login to (what a GRANT names) and the session's database.
+ACCOUNT_SQL = "SELECT CURRENT_USER(), DATABASE()"
 # Run on every new connection, after the driver switched the session to utf8mb4.
 SESSION_SQL = "SET time_zone = '+00:00'"
 CHECK_SQL = "SELECT 1"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError, StoreError
@@ -21,7 +20,6 @@ from rocketmq_dedup.stores.base import (
     StoreStats,
     oldest_claims,
     parse_status,
-    round_trip,
 )
 from rocketmq_dedup.stores.coalesce import (
     DEFAULT_DEFER_MS,
@@ -42,10 +40,19 @@ from rocketmq_dedup.stores.mysql.connection import (
     prepare_connection,
     type_name,
 )
-from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error
+from rocketmq_dedup.stores.mysql.errors import (
+    NO_SUCH_TABLE,
+    as_store_error,
+    error_code,
+    is_connection_error,
+    refusal_code,
+)
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
+from rocketmq_dedup.stores.mysql.privileges import explain, grant_account
+from rocketmq_dedup.stores.mysql.purge import MySQLPurgeSession, purge_step
 from rocketmq_dedup.stores.mysql.rows import readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
+    ACCOUNT_SQL,
     CHECK_SQL,
     CLAIM_ROW,
     CLAIM_SQL,
@@ -58,8 +65,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     MARK_CONSUMED_SQL,
     MARK_MANY_SQL,
     MARK_SQL,
-    PURGE_SCAN_SQL,
-    PURGE_SQL,
+    OLDEST_CONSUMED_SQL,
     RELEASE_SQL,
     RENEW_SQL,
     REQUIRED_COLUMNS,
@@ -72,6 +78,17 @@ from rocketmq_dedup.stores.mysql.sql import (
     validate_table_name,
 )
 from rocketmq_dedup.stores.mysql.transaction import MySQLTransactions
+from rocketmq_dedup.stores.postgres.connections import is_psycopg_connection
+from rocketmq_dedup.stores.purge import PurgeBatch
+from rocketmq_dedup.stores.sql_common import (
+    PurgeStep,
+    deletable,
+    detached_connections,
+    latency,
+    pool_options,
+    purge_in_key_order,
+    records_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +147,9 @@ class MySQLDedupStore(DedupStore):
         ``0``: every mark is written before the listener returns.
     """
 
+    #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
+    proves_writes = True
+
     def __init__(
         self,
         connect: Callable[[], Any],
@@ -146,31 +166,27 @@ class MySQLDedupStore(DedupStore):
                 "connection, e.g. functools.partial(MySQLdb.connect, host=..., ...); "
                 f"got {'the class ' if isinstance(connect, type) else ''}{type_name(connect)}"
             )
-        if type(pool_size) is not int or not 1 <= pool_size <= MAX_POOL_SIZE:
-            raise DedupConfigError(
-                f"pool_size must be an int from 1 to {MAX_POOL_SIZE}; got {pool_size!r}"
-            )
-        if (
-            isinstance(pool_timeout, bool)
-            or not isinstance(pool_timeout, (int, float))
-            or not 0 < pool_timeout <= 3600
-        ):
-            raise DedupConfigError(
-                f"pool_timeout must be seconds, more than 0 and at most 3600; got {pool_timeout!r}"
-            )
+        pool_size, pool_timeout = pool_options(pool_size, pool_timeout, MAX_POOL_SIZE)
         self._connect = connect
         self.table_name = validate_table_name(table_name)
         table = quote_table(table_name)
         self._sql: Dict[str, str] = {
             "release": RELEASE_SQL.format(table=table),
-            "purge_scan": PURGE_SCAN_SQL.format(table=table),
             "renew": RENEW_SQL.format(table=table),
             "mark": MARK_SQL.format(table=table),
         }
         self._table = table
         self._claim_one = INSERT_CLAIM_SQL.format(table=table, rows=CLAIM_ROW)
         self._description = f"MySQL {describe_factory(connect)} table {self.table_name}"
-        self._pool = ConnectionPool(self._open_runner, pool_size, float(pool_timeout))
+        #: The account and database the server reported to the last check (for the GRANT a
+        #: refusal names); until then the database the factory names, if any.
+        self._account: Optional[str] = None
+        keywords = connect.keywords if isinstance(connect, functools.partial) else {}
+        self._database: Optional[str] = keywords.get("database", keywords.get("db"))
+        #: The application whose write check waits for the table (:meth:`create_table`).
+        self._unproven: Optional[str] = None
+        self._pool = ConnectionPool(self._open_runner, pool_size, pool_timeout, self.describe)
+        self._op = self._pool.run
         self.defer_marks_ms = check_defer_ms(defer_marks_ms)
         self._coalescer = (
             Coalescer(
@@ -211,14 +227,9 @@ class MySQLDedupStore(DedupStore):
                 "mysql:// or mariadb:// engine (mysqlclient, PyMySQL)"
             )
 
-        def connect() -> Any:
-            fairy = engine.raw_connection()
-            fairy.detach()  # closing it now closes the DB-API connection, never pools it
-            return fairy.dbapi_connection
-
         from rocketmq_dedup.stores.mysql.sqlalchemy_guard import guard_engine
 
-        store = cls(connect, **options)
+        store = cls(detached_connections(engine), **options)
         store.transactions.engine = engine
         url = engine.url.render_as_string(hide_password=True)
         store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
@@ -246,6 +257,11 @@ class MySQLDedupStore(DedupStore):
         """At most this many connections are open."""
         return self._pool.size
 
+    @property
+    def pool_timeout(self) -> float:
+        """How long (seconds) an operation waits for a connection when all are busy."""
+        return self._pool.timeout
+
     def describe(self) -> str:
         return self._description
 
@@ -253,8 +269,17 @@ class MySQLDedupStore(DedupStore):
         return is_connection_error(exc)
 
     def wrap_error(self, exc: Exception) -> StoreError:
-        """Outages, lock conflicts and defects told apart (:mod:`.errors`)."""
-        return as_store_error(exc, self.describe())
+        """Refusals a person must fix (:meth:`misconfiguration`), outages, lock conflicts and
+        defects told apart (:mod:`.errors`)."""
+        return as_store_error(exc, self.describe(), self.misconfiguration(exc))
+
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """The GRANT to run, the login to fix or the server to point at, for a refusal
+        (:mod:`.privileges`: 1142 command denied, 1044/1045 access denied, 1290 read-only...)."""
+        code = refusal_code(exc)
+        if code is None:
+            return None
+        return explain(code, str(exc), self.table_name, self._account, self._database)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -266,6 +291,13 @@ class MySQLDedupStore(DedupStore):
                 f"{self._description}: the connection factory must return a DB-API "
                 f"connection; got {type_name(conn)}"
             )
+        if is_psycopg_connection(conn):  # a factory make_store could not tell from MySQL's
+            close_quietly(conn)
+            raise StoreError(
+                f"{self._description}: the connection factory returned a PostgreSQL "
+                "connection (psycopg): build PostgresDedupStore(factory), or pass "
+                "functools.partial(psycopg.connect, ...), which is recognised"
+            )
         try:
             prepare_connection(conn)
             if is_mysqlclient(conn):
@@ -274,26 +306,6 @@ class MySQLDedupStore(DedupStore):
         except BaseException:
             close_quietly(conn)
             raise
-
-    def _op(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(runner, *args)`` on a pooled connection and give it back. A connection
-        that raised is closed; after a lost connection (an outage error) the idle ones are
-        closed too and ``fn`` runs once more on a new one."""
-        pool = self._pool
-        for attempt in (1, 2):
-            runner = pool.take()
-            try:
-                result = fn(runner, *args)
-            except BaseException as exc:
-                pool.discard(runner)
-                if attempt == 2 or not isinstance(exc, Exception) or not is_connection_error(exc):
-                    raise
-                logger.warning("%s: connection failed (%s); reconnecting", self._description, exc)
-                pool.drain()
-                continue
-            pool.give(runner)
-            return result
-        raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
     def _run(runner: Runner, sql: str, params: Sequence[Any], fetch: bool = False) -> Any:
@@ -324,6 +336,9 @@ class MySQLDedupStore(DedupStore):
                 self._description,
                 self.table_name,
             )
+        application, self._unproven = self._unproven, None
+        if application is not None:  # the start-up check ran before the table existed
+            self.prove_writes(application)
 
     def purge_expired(
         self,
@@ -339,39 +354,46 @@ class MySQLDedupStore(DedupStore):
         rows only, never on a live row or a gap a claim could insert into. Run it from a cron
         job or a timer, off-peak for large tables. Each step takes a pooled connection and
         gives it back; ``progress(rows scanned, rows expired)`` is called after each step."""
-        if type(batch_size) is not int or batch_size < 1:
-            raise DedupConfigError(f"batch_size must be a positive int; got {batch_size!r}")
-        total, scanned, after = 0, 0, b""  # every key is 32 bytes, so b"" sorts first
-        while True:
-            step: Tuple[int, int, bytes] = self._call(
-                self._op, self._purge_step, after, batch_size, dry_run
-            )
-            expired, rows, after = step
-            total += expired
-            scanned += rows
-            if progress is not None:
-                progress(scanned, total)
-            if rows < batch_size:
-                return total
 
-    def _purge_step(
-        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
-    ) -> Tuple[int, int, bytes]:
-        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
-        rows = runner.run(self._sql["purge_scan"], (after, batch_size), True)
-        expired = [bytes(key) for key, is_expired in rows if is_expired]
-        count = len(expired)
-        if expired and not dry_run:
-            sql = PURGE_SQL.format(table=self._table, marks=", ".join(["%s"] * len(expired)))
-            count = int(runner.run(sql, expired, False))
-        return count, len(rows), bytes(rows[-1][0]) if rows else after
+        def step(after: bytes, size: int) -> PurgeStep:
+            batch: PurgeBatch = self._call(self._op, purge_step, self._table, after, size, dry_run)
+            return batch.deleted, batch.scanned, batch.last_key
+
+        return purge_in_key_order(step, batch_size, progress)
+
+    def purge_session(self) -> MySQLPurgeSession:
+        """A session of its own for the in-process purger (:class:`rocketmq_dedup.Purger`):
+        a new connection from the factory, outside the pool, that takes the table's purge
+        lock (``GET_LOCK``) and deletes expired rows in batches
+        (:mod:`rocketmq_dedup.stores.purge`)."""
+        return MySQLPurgeSession(self._open_runner, self.table_name, self._table, self.wrap_error)
 
     # -- I/O hooks -----------------------------------------------------------------------
 
     def do_check(self) -> None:
-        """Connect (or take a pooled connection) and run ``SELECT 1``; the table may not exist
+        """Connect (or take a pooled connection) and ask the server which account it matched
+        and the session's database (what a refusal's GRANT names); the table may not exist
         yet (``create_table()`` comes after)."""
-        self._op(self._run, CHECK_SQL, (), True)
+        account, database = self._op(self._run, ACCOUNT_SQL, (), True)[0]
+        self._account = grant_account(str(column_text(account)))
+        if database is not None:
+            self._database = str(column_text(database))
+
+    def do_prove_writes(self, claims: List[Claim]) -> None:
+        """The probe (INSERT, UPDATE, SELECT and DELETE on the table), or, when the table does
+        not exist yet (the quick start creates it after the config), the same in
+        :meth:`create_table` once it has made it."""
+        try:
+            super().do_prove_writes(claims)
+        except Exception as exc:
+            if error_code(exc) != NO_SUCH_TABLE:
+                raise
+            self._unproven = claims[0].element.application
+            logger.info(
+                "%s: the table does not exist yet; create_table() checks the writes once it "
+                "has made it",
+                self._description,
+            )
 
     @staticmethod
     def _row(claim: Claim, digest: bytes, ms: int) -> List[Any]:
@@ -630,13 +652,7 @@ class MySQLDedupStore(DedupStore):
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         self._flush_marks()
         digests = [element_digest(e) for e in elements]
-        records = self._op(self._select, digests)
-        return [
-            found._replace(element=element) if found is not None else None
-            for found, element in (
-                (records.get(d), e) for d, e in zip(digests, elements, strict=True)
-            )
-        ]
+        return records_of(elements, digests, self._op(self._select, digests))
 
     # -- operator hooks ------------------------------------------------------------------
 
@@ -644,34 +660,26 @@ class MySQLDedupStore(DedupStore):
         return self._op(self._run, sql.format(table=self._table), params, True)
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
-        record = self.do_read(element)
-        if record is None or record.status is None:
-            return None
-        if record.status is DedupStatus.CONSUMED and not force:
+        status = deletable(self.do_read(element), force)
+        if status is None:
             return None
         sql = DELETE_SQL.format(table=self._table)
-        params = (element_digest(element), record.status.value)
-        deleted = self._op(self._run, sql, params)
-        return record.status if deleted else None
+        deleted = self._op(self._run, sql, (element_digest(element), status.value))
+        return status if deleted else None
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
         self._flush_marks()
         app = readable(application)
         counts = {str(column_text(s)): int(n) for s, n in self._query(STATS_SQL, (app,))}
         claims = [_listed(row) for row in self._query(CLAIMS_SQL, (app,))]
-        return StoreStats(counts, oldest_claims(claims, limit))
+        oldest = [_listed(row) for row in self._query(OLDEST_CONSUMED_SQL, (app,))]
+        return StoreStats(counts, oldest_claims(claims, limit), oldest[0] if oldest else None)
 
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []
-        begin = time.perf_counter()
         version = str(column_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
         checks.append(Diagnosis("server", True, f"version {version}"))
-        times = []
-        for _ in range(5):
-            begin = time.perf_counter()
-            self._op(self._run, CHECK_SQL, (), True)
-            times.append(time.perf_counter() - begin)
-        checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        checks.append(latency(lambda: self._op(self._run, CHECK_SQL, (), True)))
         schema, _, table = self.table_name.rpartition(".")
         rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
         columns = {str(column_text(name)): str(column_text(key)) for name, key in rows}

@@ -223,8 +223,14 @@ _GLOB_SPECIAL = re.compile(rb"([*?\[\]\\])")
 def app_key_pattern(key_prefix: str, application: str) -> bytes:
     """A ``SCAN MATCH`` pattern for every record key of ``application`` (glob characters in
     the names are escaped)."""
-    head = encode_text(f"{escape_segment(key_prefix)}:{escape_segment(application)}:")
-    return _GLOB_SPECIAL.sub(rb"\\\1", head) + b"*"
+    return key_pattern(key_prefix, application)
+
+
+def key_pattern(key_prefix: str, *segments: str) -> bytes:
+    """A glob (``SCAN MATCH``, an ACL key pattern ``~...``) for every record key under
+    ``key_prefix`` and the leading ``segments`` (an application...), escaped."""
+    head = "".join(f"{escape_segment(part)}:" for part in (key_prefix, *segments))
+    return _GLOB_SPECIAL.sub(rb"\\\1", encode_text(head)) + b"*"
 
 
 def parse_key(key: bytes) -> Optional[DedupElement]:

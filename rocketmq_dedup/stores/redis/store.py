@@ -24,10 +24,13 @@ Connections of the client's pool (a bounded pool must be at least :data:`MIN_POO
   one connection (of the key's node) per calling thread for one round trip (a cluster batch:
   one command per key, one after the other). A pool of one is enough.
 
-Errors: an outage (:meth:`RedisDedupStore.is_outage`) is any redis-py ``RedisError`` but
-``DataError`` (connection lost or refused, timeouts, and every error reply of the server, e.g.
-``OOM``, ``READONLY``, ``BUSY``, ``WRONGTYPE``: the server could not do the write) and any
-``OSError`` from a socket. A pool with no free connection (``MaxConnectionsError``, or a
+Errors: a refusal a person must fix (:mod:`.acl`: an ACL denial, ``NOPERM``; a read-only
+replica, ``READONLY``; refused credentials) is a
+:class:`~rocketmq_dedup.errors.StoreMisconfiguredError`, never an outage. An outage
+(:meth:`RedisDedupStore.is_outage`) is any other redis-py ``RedisError`` but ``DataError``
+(connection lost or refused, timeouts, and the other error replies of the server, e.g. ``OOM``,
+``BUSY``, ``WRONGTYPE``: the server could not do the write) and any ``OSError`` from a socket.
+A pool with no free connection (``MaxConnectionsError``, or a
 ``BlockingConnectionPool`` that stayed empty for its ``timeout``) is not an outage: no server
 was asked. It becomes :class:`StorePoolExhaustedError` (a ``StoreError``): the messages are
 consumed later, never run without dedup. ``DataError`` (redis-py refused an argument before
@@ -57,9 +60,8 @@ from rocketmq_dedup.stores.base import (
     Diagnosis,
     Record,
     StoreStats,
-    count_statuses,
-    oldest_claims,
     parse_status,
+    records_stats,
     round_trip,
 )
 from rocketmq_dedup.stores.coalesce import (
@@ -72,7 +74,7 @@ from rocketmq_dedup.stores.coalesce import (
     marks_failed_reporter,
     may_defer,
 )
-from rocketmq_dedup.stores.redis import transport
+from rocketmq_dedup.stores.redis import acl, transport
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
     CONSUMED,
@@ -86,6 +88,7 @@ from rocketmq_dedup.stores.redis.records import (
     RecordKeys,
     app_key_pattern,
     claim_result,
+    key_pattern,
     parse_key,
     parse_record,
     plan_calls,
@@ -132,6 +135,9 @@ class RedisDedupStore(DedupStore):
         trip to carry it (the listener returns without waiting for it; see the module docs);
         ``0``: every mark is written before the listener returns.
     """
+
+    #: The start-up check claims and releases probe records (SET NX PX GET, the scripts).
+    proves_writes = True
 
     def __init__(
         self,
@@ -258,6 +264,44 @@ class RedisDedupStore(DedupStore):
         connection comes from reaches the server and authenticates."""
         self.client.ping()
 
+    def do_risks(self) -> List[str]:
+        """A ``maxmemory-policy`` that evicts dedup records (:func:`.acl.evicts_records`)."""
+        evicting = [p for p in self.eviction_policies() or () if acl.evicts_records(p)]
+        if not evicting:
+            return []
+        return [
+            f"maxmemory-policy {', '.join(evicting)} evicts keys under memory pressure, dedup "
+            "records among them (each has a TTL): a duplicate whose record was evicted runs its "
+            "handler again; set maxmemory-policy noeviction (or give the records a Redis of "
+            "their own)"
+        ]
+
+    def eviction_policies(self) -> Optional[List[str]]:
+        """The server's ``maxmemory-policy`` (each primary's, on a cluster), by ``CONFIG GET``,
+        else ``INFO memory`` (managed services rename CONFIG); None when this user may run
+        neither (logged at INFO)."""
+        nodes = self.client.get_primaries() if self._cluster else [None]
+        policies: List[str] = []
+        for node in nodes:
+            options = {} if node is None else {"target_nodes": node}
+            try:
+                try:
+                    policy = self.client.config_get("maxmemory-policy", **options)
+                    policy = policy["maxmemory-policy"]
+                except redis.ResponseError:  # CONFIG denied (ACL) or renamed
+                    policy = self.client.info("memory", **options)["maxmemory_policy"]
+            except (redis.ResponseError, KeyError) as exc:
+                logger.info(
+                    "%s: could not read maxmemory-policy (%s: the user may run neither CONFIG "
+                    "GET nor INFO); dedup records are safe from eviction only under noeviction",
+                    self.describe(),
+                    exc,
+                )
+                return None
+            if str(policy) not in policies:
+                policies.append(str(policy))
+        return policies
+
     # -- operator hooks (the CLI): through the client, never on the hot path ---------------
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
@@ -287,31 +331,54 @@ class RedisDedupStore(DedupStore):
                 )
                 if record is not None:
                     records.append(record)
-        return StoreStats(count_statuses(records), oldest_claims(records, limit))
+        return records_stats(records, limit)
 
     def do_diagnose(self) -> List[Diagnosis]:
-        """The server version, the claim path it allows, the scripts, the round-trip time."""
-        info = self.client.info("server")
-        if self._cluster:  # {node name: info} on a cluster: the lowest version counts
-            infos = [v for v in info.values() if isinstance(v, dict)] or [info]
-        else:
-            infos = [info]
-        versions = sorted({str(i.get("redis_version", "?")) for i in infos})
-        checks = [Diagnosis("server", True, f"version {', '.join(versions)}")]
-        oldest = min(_version(v) for v in versions)
-        if oldest >= (7, 0):
-            checks.append(Diagnosis("claim", True, "SET NX PX GET (Redis >= 7.0)"))
-        else:
-            checks.append(Diagnosis("claim", True, "Lua claim script (Redis < 7.0)"))
-        for script in self._scripts.values():
-            script.sha = self.client.script_load(script.script)
-        checks.append(Diagnosis("scripts", True, f"{len(self._scripts)} Lua scripts loaded"))
+        """The server version, the claim path it allows, the scripts, the round-trip time,
+        the eviction policy. What this user may not run is said (INFO and CONFIG GET are
+        optional; SCRIPT LOAD is not)."""
+        checks = self._version_diagnoses()
+        try:
+            for script in self._scripts.values():
+                script.sha = self.client.script_load(script.script)
+            checks.append(Diagnosis("scripts", True, f"{len(self._scripts)} Lua scripts loaded"))
+        except redis.exceptions.NoPermissionError as exc:
+            checks.append(Diagnosis("scripts", False, self.misconfiguration(exc) or str(exc)))
         times = []
         for _ in range(5):
             begin = time.perf_counter()
             self.client.ping()
             times.append(time.perf_counter() - begin)
         checks.append(Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)"))
+        policies = self.eviction_policies()
+        if policies is None:
+            detail = "maxmemory-policy unknown (the user may run neither CONFIG GET nor INFO)"
+            checks.append(Diagnosis("eviction", True, detail))
+        elif any(acl.evicts_records(p) for p in policies):
+            checks.append(Diagnosis("eviction", True, self.do_risks()[0], warning=True))
+        else:
+            checks.append(Diagnosis("eviction", True, f"maxmemory-policy {', '.join(policies)}"))
+        return checks
+
+    def _version_diagnoses(self) -> List[Diagnosis]:
+        """The server version and the claim path it allows (unknown without INFO)."""
+        try:
+            info = self.client.info("server")
+        except redis.exceptions.NoPermissionError:
+            return [
+                Diagnosis("server", True, "version unknown (the user may not run INFO)"),
+                Diagnosis("claim", True, "SET NX PX GET on Redis >= 7.0, else a Lua script"),
+            ]
+        if self._cluster:  # {node name: info} on a cluster: the lowest version counts
+            infos = [v for v in info.values() if isinstance(v, dict)] or [info]
+        else:
+            infos = [info]
+        versions = sorted({str(i.get("redis_version", "?")) for i in infos})
+        checks = [Diagnosis("server", True, f"version {', '.join(versions)}")]
+        if min(_version(v) for v in versions) >= (7, 0):
+            checks.append(Diagnosis("claim", True, "SET NX PX GET (Redis >= 7.0)"))
+        else:
+            checks.append(Diagnosis("claim", True, "Lua claim script (Redis < 7.0)"))
         return checks
 
     def describe(self) -> str:
@@ -336,15 +403,36 @@ class RedisDedupStore(DedupStore):
         return f"Redis {kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}{tls}"
 
     def is_outage(self, exc: BaseException) -> bool:
-        """Any ``RedisError`` but ``DataError`` and an exhausted pool, and socket errors (see
-        the module docs)."""
+        """Any ``RedisError`` but ``DataError``, an exhausted pool and a refusal a person must
+        fix, and socket errors (see the module docs)."""
         if redis is None:
             return False
         if isinstance(exc, redis.DataError):  # refused by redis-py before sending: a defect
             return False
         if transport.pool_exhausted(exc):  # no server was asked
             return False
+        if self.misconfiguration(exc) is not None:  # will not pass by itself
+            return False
         return isinstance(exc, (redis.RedisError, OSError))
+
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """The ACL rules to add, the primary to point at, the credentials to fix, for a
+        refusal (:func:`.acl.refusal`)."""
+        where = self.describe().removeprefix("Redis ")
+        return acl.refusal(exc, self._username(), self.acl_key_pattern, where)
+
+    @property
+    def acl_key_pattern(self) -> str:
+        """The ACL key pattern of every record of this store: ``<key_prefix>:*``."""
+        return to_text(key_pattern(self.key_prefix))
+
+    def _username(self) -> str:
+        """The user the client authenticates as (``default`` when it names none)."""
+        if self._cluster:
+            kwargs = getattr(getattr(self.client, "nodes_manager", None), "connection_kwargs", {})
+        else:
+            kwargs = getattr(self.client.connection_pool, "connection_kwargs", {})
+        return str(kwargs.get("username") or "default")
 
     def wrap_error(self, exc: Exception) -> StoreError:
         """An exhausted pool as :class:`StorePoolExhaustedError`; the rest as any store."""
@@ -408,12 +496,15 @@ class RedisDedupStore(DedupStore):
                 request.error = exc
 
     def _recover(self, errors: List[redis.ResponseError]) -> bool:
-        """Fix what an error reply says is missing; False if it is not recoverable."""
-        text = " ".join(str(e) for e in errors)
-        if "NOSCRIPT" in text or any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
+        """Fix what an error reply says is missing; False if it is not recoverable. A lost
+        script is redis-py's ``NoScriptError``. A server without ``SET ... NX GET`` (Redis <
+        7.0) answers with the generic ``ERR syntax error``, which redis-py gives as a plain
+        ``ResponseError``: its text is all there is to tell it by, so it is matched here, and
+        only while the store sends ``SET NX GET``."""
+        if any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
             self._load_scripts()
             return True
-        if self._set_nx_get and "syntax" in text.lower():
+        if self._set_nx_get and any(_is_syntax_error(e) for e in errors):
             logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
             self._set_nx_get = False
             return True
@@ -453,6 +544,12 @@ def _check_pool_size(pool: Any) -> None:
             f"{MIN_POOL_SIZE} (plus what the application uses the client for at once), or "
             "RedisDedupStore(client, coalesce=False), which keeps none"
         )
+
+
+def _is_syntax_error(error: redis.ResponseError) -> bool:
+    """The server's ``ERR syntax error`` (redis-py strips the ``ERR``; a server's casing
+    varies)."""
+    return str(error).lower().startswith(("syntax error", "err syntax error"))
 
 
 def _version(text: str) -> Tuple[int, ...]:

@@ -90,16 +90,18 @@ def send_through_client(client: Any, commands: Sequence[Command]) -> List[Any]:
 def pool_exhausted(exc: BaseException) -> bool:
     """True if ``exc`` is redis-py saying the client's bounded pool had no connection to give
     (no server was asked): ``MaxConnectionsError`` (a ``ConnectionPool`` at
-    ``max_connections``; ``ConnectionError("Too many connections")`` before redis-py 5), or the
-    ``ConnectionError`` a ``BlockingConnectionPool`` raises when its queue stayed empty for its
-    ``timeout`` (raised while handling ``queue.Empty``)."""
+    ``max_connections``), or the ``ConnectionError`` a ``BlockingConnectionPool`` raises when
+    its queue stayed empty for its ``timeout`` (raised while handling ``queue.Empty``). Before
+    redis-py had ``MaxConnectionsError`` (< 5), a full ``ConnectionPool`` raised a plain
+    ``ConnectionError("Too many connections")``: nothing but its text tells it from a refused
+    connection, so for that one the text is matched."""
     if redis is None or not isinstance(exc, redis.ConnectionError):
         return False
     if isinstance(exc, getattr(redis.exceptions, "MaxConnectionsError", ())):
         return True
     if isinstance(exc.__context__, queue.Empty):
         return True
-    return exc.args[:1] in (("Too many connections",), ("No connection available.",))
+    return exc.args[:1] == ("Too many connections",)
 
 
 def per_key(request: Request) -> List[Request]:
@@ -226,6 +228,7 @@ class PinnedConnection:
             except BaseException as exc:  # lost, or interrupted between two replies
                 self.release()
                 lost = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
+                lost = lost and not isinstance(exc, redis.AuthenticationError)  # lasts
                 if attempt == 2 or not lost:
                     raise
                 logger.warning("Redis connection lost (%s); reconnecting", exc)

@@ -3,6 +3,7 @@ both (issue 11, requirements 1, 2, 5, 7 and 8; 3, 4 and 6 are in test_exactly_on
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -368,6 +369,32 @@ def test_a_handler_cannot_end_its_transaction(
     assert effects.count("m1") == 0
     assert status_of(config, "m1") is None
     assert any("do_handle_msg called" in r.getMessage() for r in caplog.records)
+    listener.behaviour = None
+    assert listener(ClassicMessage("m1")) is SUCCESS
+    assert effects.count("m1") == 1
+
+
+def test_a_handler_returning_a_coroutine_rolls_back_and_closes_it(
+    config: DedupConfig, effects: EffectTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain def handler that returns a coroutine (an async call not awaited): its writes
+    rolled back, nothing recorded, an error naming the awaitable, RECONSUME_LATER; the
+    coroutine closed unrun. The retry, returning True, commits once."""
+    returned: List[Any] = []
+
+    async def forgotten() -> bool:
+        raise AssertionError("the coroutine must never run")
+
+    def behaviour(msg: Any, conn: Any) -> Any:
+        returned.append(forgotten())
+        return returned[-1]
+
+    listener = EffectListener(config, effects, behaviour)
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        assert listener(ClassicMessage("m1")) is LATER
+    assert effects.count("m1") == 0 and status_of(config, "m1") is None
+    assert inspect.getcoroutinestate(returned[0]) == "CORO_CLOSED"
+    assert any("returned an awaitable, <coroutine" in r.getMessage() for r in caplog.records)
     listener.behaviour = None
     assert listener(ClassicMessage("m1")) is SUCCESS
     assert effects.count("m1") == 1

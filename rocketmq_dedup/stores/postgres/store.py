@@ -1,0 +1,458 @@
+"""The PostgreSQL store itself: validation, one statement per operation, the purge."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from rocketmq_dedup.errors import (
+    DedupConfigError,
+    StoreError,
+    StoreLockConflictError,
+    StorePoolExhaustedError,
+    StoreUnavailableError,
+)
+from rocketmq_dedup.message import DedupElement, element_digest
+from rocketmq_dedup.status import DedupStatus
+from rocketmq_dedup.stores.base import (
+    CLAIMED,
+    Claim,
+    ClaimResult,
+    DedupStore,
+    Diagnosis,
+    Record,
+    StoreStats,
+    oldest_claims,
+)
+from rocketmq_dedup.stores.postgres import connections
+from rocketmq_dedup.stores.postgres.connections import (
+    Connections,
+    HotStatements,
+    OwnConnections,
+    Runner,
+    UserPoolConnections,
+    import_psycopg,
+    is_pool_timeout,
+    is_psycopg_connection,
+    is_psycopg_pool,
+    is_undefined_table,
+    type_name,
+)
+from rocketmq_dedup.stores.postgres.records import (
+    claim_columns,
+    claim_row,
+    listed_record,
+    live_record,
+    readable,
+    unique_by_key,
+)
+from rocketmq_dedup.stores.postgres.sql import (
+    CHECK_SQL,
+    CLAIM_MANY_SQL,
+    CLAIM_SQL,
+    CLAIMS_SQL,
+    COLUMNS_SQL,
+    DEFAULT_TABLE_NAME,
+    DELETE_SQL,
+    MARK_MANY_SQL,
+    MARK_SQL,
+    MARK_UPSERT_SQL,
+    OLDEST_CONSUMED_SQL,
+    PRIVILEGES_SQL,
+    PURGE_SCAN_SQL,
+    PURGE_SQL,
+    RELEASE_MANY_SQL,
+    RELEASE_SQL,
+    RENEW_MANY_SQL,
+    REQUIRED_COLUMNS,
+    SELECT_SQL,
+    STATS_SQL,
+    VERSION_SQL,
+    quote_table,
+    schema_statements,
+    validate_table_name,
+)
+from rocketmq_dedup.stores.sql_common import (
+    PurgeStep,
+    deletable,
+    detached_connections,
+    is_sqlalchemy_engine,
+    latency,
+    pool_options,
+    purge_in_key_order,
+    records_of,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_POOL_SIZE = 8
+MAX_POOL_SIZE = 1024
+#: Seconds a caller waits for a connection when all ``pool_size`` are busy.
+DEFAULT_POOL_TIMEOUT = 5.0
+CONSUMING = DedupStatus.CONSUMING.value
+
+
+def describe_conninfo(conninfo: str, keywords: Dict[str, Any]) -> str:
+    """``user@host:port/dbname`` of a psycopg connection string and keywords (never the
+    password); '' when they cannot be read."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(conninfo, **keywords)
+    except Exception:  # a malformed string fails at connect time, with the driver's message
+        return ""
+    where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    user = params.get("user")
+    database = params.get("dbname") or ""
+    return f"{user}@{where}/{database}" if user else f"{where}/{database}"
+
+
+def describe_source(source: Any) -> str:
+    """Where a factory or a psycopg_pool pool connects, for messages."""
+    if is_psycopg_pool(source):
+        where = describe_conninfo(str(source.conninfo or ""), dict(source.kwargs or {}))
+        return f"{where or 'pool'} (psycopg_pool {source.name})"
+    if isinstance(source, functools.partial):
+        conninfo = source.args[0] if source.args and isinstance(source.args[0], str) else ""
+        keywords = {k: v for k, v in source.keywords.items() if k != "conninfo"}
+        where = describe_conninfo(str(source.keywords.get("conninfo", conninfo)), keywords)
+        return where or f"via {type_name(source.func)}"
+    text = repr(source)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class PostgresDedupStore(DedupStore):
+    """Dedup records in a PostgreSQL table (the ``[postgres]`` extra: psycopg 3).
+
+    :param source: where connections come from: a zero-argument callable returning a new
+        ``psycopg.Connection`` (e.g. ``functools.partial(psycopg.connect, "postgresql://...")``),
+        a ``psycopg_pool.ConnectionPool``, or a SQLAlchemy ``Engine`` on ``postgresql+psycopg``
+        (its raw connections, detached from the engine's pool).
+    :param table_name: the table (created by :meth:`create_table` or ``rocketmq-dedup schema
+        postgres``); used exactly as written (it is quoted), optionally ``schema.table``.
+    :param pool_size: with a factory or an engine: at most this many connections, each taken
+        by one operation and given back right after (a psycopg_pool pool has its own size).
+    :param pool_timeout: how long (seconds) a caller waits when all of them are busy before
+        the operation fails with :class:`StorePoolExhaustedError` (not an outage, so never a
+        run without dedup); a psycopg_pool pool's own ``timeout`` applies to it.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        table_name: str = DEFAULT_TABLE_NAME,
+        pool_size: Optional[int] = None,
+        pool_timeout: Optional[float] = None,
+    ) -> None:
+        import_psycopg()  # the [postgres] extra, named now rather than at the first message
+        self.table_name = validate_table_name(table_name)
+        table = quote_table(self.table_name)
+        hot = HotStatements(CLAIM_SQL.format(table=table), MARK_SQL.format(table=table))
+        self.engine: Any = None
+        if is_psycopg_pool(source):
+            if pool_size is not None or pool_timeout is not None:
+                raise DedupConfigError(
+                    "pool_size and pool_timeout do not apply to a psycopg_pool pool: its own "
+                    "max_size and timeout do"
+                )
+            where = describe_source(source)
+            self._description = f"PostgreSQL {where} table {self.table_name}"
+            self.connections: Connections = UserPoolConnections(source, hot, self._description)
+        else:
+            connect, where = self._factory(source)
+            self._description = f"PostgreSQL {where} table {self.table_name}"
+            size, timeout = pool_options(
+                DEFAULT_POOL_SIZE if pool_size is None else pool_size,
+                DEFAULT_POOL_TIMEOUT if pool_timeout is None else pool_timeout,
+                MAX_POOL_SIZE,
+            )
+            self.connections = OwnConnections(connect, hot, size, timeout, self._description)
+        self._run = self.connections.run
+        self._sql: Dict[str, str] = {
+            name: sql.format(table=table)
+            for name, sql in (
+                ("claim_many", CLAIM_MANY_SQL),
+                ("mark_upsert", MARK_UPSERT_SQL),
+                ("mark_many", MARK_MANY_SQL),
+                ("release", RELEASE_SQL),
+                ("release_many", RELEASE_MANY_SQL),
+                ("renew_many", RENEW_MANY_SQL),
+                ("select", SELECT_SQL),
+                ("purge_scan", PURGE_SCAN_SQL),
+                ("purge", PURGE_SQL),
+                ("delete", DELETE_SQL),
+                ("stats", STATS_SQL),
+                ("claims", CLAIMS_SQL),
+                ("oldest", OLDEST_CONSUMED_SQL),
+            )
+        }
+
+    def _factory(self, source: Any) -> Tuple[Callable[[], Any], str]:
+        """A connection factory and its address, from a factory or an engine."""
+        if is_sqlalchemy_engine(source):
+            return self._engine_factory(source)
+        if is_psycopg_connection(source):
+            raise DedupConfigError(
+                "the PostgreSQL store needs a connection factory or a pool, not one connection: "
+                "pass functools.partial(psycopg.connect, ...) or a psycopg_pool.ConnectionPool"
+            )
+        if not callable(source) or isinstance(source, type):
+            raise DedupConfigError(
+                "the PostgreSQL store needs a zero-argument callable returning a new psycopg "
+                "connection (e.g. functools.partial(psycopg.connect, 'postgresql://...')), a "
+                "psycopg_pool.ConnectionPool or a SQLAlchemy engine; got "
+                f"{'the class ' if isinstance(source, type) else ''}{type_name(source)}"
+            )
+        return source, describe_source(source)
+
+    def _engine_factory(self, engine: Any) -> Tuple[Callable[[], Any], str]:
+        """Connections from a SQLAlchemy engine, detached from its pool
+        (:func:`~rocketmq_dedup.stores.sql_common.detached_connections`)."""
+        dialect = getattr(engine, "dialect", None)
+        name, driver = getattr(dialect, "name", None), getattr(dialect, "driver", None)
+        if name != "postgresql" or driver != "psycopg":
+            raise DedupConfigError(
+                f"the SQLAlchemy engine is {name}+{driver}: the PostgreSQL store needs a "
+                "postgresql+psycopg:// engine (psycopg 3)"
+            )
+
+        self.engine = engine
+        url = engine.url.render_as_string(hide_password=True)
+        return detached_connections(engine), f"{url} (SQLAlchemy)"
+
+    @property
+    def pool(self) -> Any:
+        """The store's own pool (a :class:`~rocketmq_dedup.stores.pool.BoundedPool`), or the
+        application's ``psycopg_pool`` pool it borrows from."""
+        return self.connections.pool
+
+    def describe(self) -> str:
+        return self._description
+
+    def is_outage(self, exc: BaseException) -> bool:
+        return connections.is_outage(exc)
+
+    def wrap_error(self, exc: Exception) -> StoreError:
+        """A pool that had no connection in time as :class:`StorePoolExhaustedError`; a
+        missing table named as such; a lock wait or a deadlock as
+        :class:`StoreLockConflictError`; the rest as any store."""
+        if is_pool_timeout(exc):
+            return StorePoolExhaustedError(
+                f"{self.describe()}: no free connection in the psycopg_pool pool: "
+                f"{type(exc).__name__}: {exc} (not an outage: consumed later; size the pool "
+                "for the consumer's threads)"
+            )
+        if is_undefined_table(exc):
+            return StoreError(
+                f"{self.describe()}: the table does not exist: create it with create_table() "
+                "or the statements of `rocketmq-dedup schema postgres` "
+                f"({server_message(exc)})"
+            )
+        text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
+        if connections.is_lock_conflict(exc):
+            return StoreLockConflictError(text)
+        return (StoreUnavailableError if self.is_outage(exc) else StoreError)(text)
+
+    def close(self) -> None:
+        """Close the connections the store opened (busy ones when their operation ends); an
+        application's psycopg_pool pool is left alone. The store stays usable."""
+        self.connections.close()
+
+    # -- operator API --------------------------------------------------------------------
+
+    def create_table(self) -> None:
+        """Create the dedup table if it does not exist, with its column comments (idempotent:
+        :func:`~rocketmq_dedup.stores.postgres.sql.schema_statements`)."""
+        for statement in schema_statements(self.table_name):
+            self._call(self._run, Runner.count, statement, ())
+
+    def purge_expired(
+        self,
+        batch_size: int = 1000,
+        dry_run: bool = False,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> int:
+        """Delete every expired row; return how many were deleted (with ``dry_run``: how many
+        are expired, deleting nothing).
+
+        One pass over the table in primary-key order: each step reads ``batch_size`` keys and
+        deletes the expired ones among them by key (a statement of its own: a short lock on
+        expired rows only). Autovacuum reclaims the space of the rows deleted. Run it from a
+        cron job or a timer; ``progress(rows scanned, rows expired)`` is called after each
+        step."""
+
+        def step(after: bytes, size: int) -> PurgeStep:
+            done: PurgeStep = self._call(self._run, self._purge_step, after, size, dry_run)
+            return done
+
+        return purge_in_key_order(step, batch_size, progress)
+
+    def _purge_step(
+        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
+    ) -> PurgeStep:
+        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
+        rows = runner.rows(self._sql["purge_scan"], (after, batch_size))
+        expired = [bytes(key) for key, is_expired in rows if is_expired]
+        count = len(expired)
+        if expired and not dry_run:
+            count = runner.count(self._sql["purge"], (expired,))
+        return count, len(rows), bytes(rows[-1][0]) if rows else after
+
+    # -- I/O hooks -----------------------------------------------------------------------
+
+    def do_check(self) -> None:
+        """Connect (or borrow a connection) and run ``SELECT 1``; the table may not exist
+        yet."""
+        self._run(Runner.rows, CHECK_SQL, ())
+
+    def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        return self._run(self._claim, claim, lease_ms)
+
+    def _claim(self, runner: Runner, claim: Claim, lease_ms: int) -> ClaimResult:
+        return decided(
+            claim, *runner.claim(claim_row(claim, element_digest(claim.element), lease_ms))
+        )
+
+    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        return self._run(self._claim_many, claims, lease_ms)
+
+    def _claim_many(
+        self, runner: Runner, claims: Sequence[Claim], lease_ms: int
+    ) -> List[ClaimResult]:
+        digests, unique = unique_by_key(claims)
+        columns = claim_columns(claims, digests, unique)
+        rows = {
+            bytes(key): (status, owner, left)
+            for key, status, owner, left in runner.rows(
+                self._sql["claim_many"], (lease_ms, *columns)
+            )
+        }
+        results = []
+        for claim, digest in zip(claims, digests, strict=True):
+            found = rows.get(digest)  # a repeated element: as the batch's first claim left it
+            if found is None:  # the upsert returns every row it was given
+                raise StoreError(f"{self._description}: a claim's row was not returned")
+            results.append(decided(claim, *found))
+        return results
+
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        self._run(self._mark_consumed, claim, retention_ms)
+
+    def _mark_consumed(self, runner: Runner, claim: Claim, retention_ms: int) -> None:
+        digest = element_digest(claim.element)
+        if not runner.mark((claim.owner, retention_ms, digest)):
+            runner.count(self._sql["mark_upsert"], claim_row(claim, digest, retention_ms))
+
+    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        digests, unique = unique_by_key(claims)
+        columns = claim_columns(claims, digests, unique)
+        self._run(Runner.count, self._sql["mark_many"], (retention_ms, *columns))
+
+    def do_release(self, claim: Claim) -> bool:
+        params = (element_digest(claim.element), claim.owner)
+        return self._run(Runner.count, self._sql["release"], params) == 1
+
+    def do_release_many(self, claims: Sequence[Claim]) -> int:
+        pairs = sorted({(element_digest(e), o) for e, o in claims})
+        params = ([k for k, _ in pairs], [o for _, o in pairs])
+        return self._run(Runner.count, self._sql["release_many"], params)
+
+    def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
+        wanted = [(element_digest(e), o) for e, o in claims]
+        pairs = sorted(set(wanted))
+        params = (lease_ms, [k for k, _ in pairs], [o for _, o in pairs])
+        rows = self._run(Runner.rows, self._sql["renew_many"], params)
+        renewed: Set[Tuple[bytes, str]] = {(bytes(k), o) for k, o in rows}
+        return [pair in renewed for pair in wanted]
+
+    def _select(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """The live records of ``digests``, by digest."""
+        return {
+            bytes(key): live_record(status, owner, left)
+            for key, status, owner, left in runner.rows(self._sql["select"], (list(digests),))
+        }
+
+    def do_read(self, element: DedupElement) -> Optional[Record]:
+        return self.do_read_many([element])[0]
+
+    def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
+        digests = [element_digest(e) for e in elements]
+        return records_of(elements, digests, self._run(self._select, digests))
+
+    # -- operator hooks ------------------------------------------------------------------
+
+    def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        status = deletable(self.do_read(element), force)
+        if status is None:
+            return None
+        params = (element_digest(element), status.value)
+        deleted = self._run(Runner.count, self._sql["delete"], params)
+        return status if deleted else None
+
+    def do_stats(self, application: str, limit: int) -> StoreStats:
+        app = (readable(application),)
+        counts = {str(s): int(n) for s, n in self._run(Runner.rows, self._sql["stats"], app)}
+        claims = [listed_record(row) for row in self._run(Runner.rows, self._sql["claims"], app)]
+        oldest = [listed_record(row) for row in self._run(Runner.rows, self._sql["oldest"], app)]
+        return StoreStats(counts, oldest_claims(claims, limit), oldest[0] if oldest else None)
+
+    def do_diagnose(self) -> List[Diagnosis]:
+        version, encoding = self._run(Runner.rows, VERSION_SQL, ())[0]
+        checks = [Diagnosis("server", True, f"PostgreSQL version {version}")]
+        checks.append(
+            Diagnosis(
+                "encoding",
+                encoding == "UTF8",
+                f"server encoding {encoding}"
+                + ("" if encoding == "UTF8" else ": readable columns need UTF8 for any key"),
+            )
+        )
+        checks.append(latency(lambda: self._run(Runner.rows, CHECK_SQL, ())))
+        checks += self._table_checks()
+        return checks
+
+    def _table_checks(self) -> List[Diagnosis]:
+        """The table: its columns and primary key, and the user's privileges on it."""
+        name = quote_table(self.table_name)
+        columns = {str(c): bool(pk) for c, pk in self._run(Runner.rows, COLUMNS_SQL, (name,))}
+        if not columns:
+            return [
+                Diagnosis(
+                    "table",
+                    False,
+                    f"{self.table_name} does not exist: create_table(), or the statements of "
+                    "`rocketmq-dedup schema postgres`",
+                )
+            ]
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            table = Diagnosis("table", False, f"missing column(s): {', '.join(missing)}")
+        elif [c for c, pk in columns.items() if pk] != ["dedup_key"]:
+            table = Diagnosis("table", False, "dedup_key is not the primary key")
+        else:
+            table = Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
+        ((allowed,),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        privileges = Diagnosis(
+            "privileges",
+            bool(allowed),
+            "SELECT, INSERT, UPDATE, DELETE on the table"
+            + ("" if allowed else ": missing (GRANT them to the store's user)"),
+        )
+        return [table, privileges]
+
+
+def decided(claim: Claim, status: str, owner: str, left_ms: int) -> ClaimResult:
+    """A claim's result from the row its upsert returned: taken if the row is this attempt's
+    CONSUMING claim (owner tokens are unique per attempt), else refused by that live row."""
+    if owner == claim.owner and status == CONSUMING:
+        return CLAIMED
+    return ClaimResult(False, live_record(status, owner, left_ms))
+
+
+def server_message(exc: BaseException) -> str:
+    """A driver error's message on one line: the server's primary message when it sent one
+    (without libpq's LINE/caret context), else the first line of the text."""
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None)
+    lines = str(exc).strip().splitlines()
+    return str(primary) if primary else (lines[0] if lines else type(exc).__name__)
