@@ -43,6 +43,7 @@ from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
 from rocketmq_dedup.stores.mysql.sql import RECORD_INSERT_SQL
 from rocketmq_dedup.stores.postgres import schema_statements as postgres_schema
+from rocketmq_dedup.stores.postgres.sql import RECORD_COMMIT_SQL
 from rocketmq_dedup.stores.redis import RedisDedupStore
 from rocketmq_dedup.testing import ClassicMessage
 
@@ -506,6 +507,8 @@ class SQLListenerCase(Case):
     connect: Callable[[], Any]
     table: ClassVar[str]
 
+    listener: DedupConcurrentListener
+
     def start_listener(self) -> None:
         config = DedupConfig.enable_dedup_consume_config(
             self.app, self.connect, table_name=self.table, **listener_options()
@@ -588,20 +591,24 @@ class PostgresCase(Case):
         self.admin = self.connect()
         self.admin.autocommit = True
 
-    def make_table(self, statements: Sequence[str], filler: str) -> None:
+    def make_table(
+        self, statements: Sequence[str], filler: str = "", table: Optional[str] = None
+    ) -> None:
         """Drop and create this case's table, once per run (a table left by an older run may
         have another schema; the cases sharing it set up in turn), with ``filler`` rows of
         another application in it and its statistics taken. A table the planner sees empty
         gets sequential scans in the generic plans of prepared statements (measured: the
         naive port's UPDATE by its four-column key scanned the table that each repetition
         grows, and ran at half speed); a table in use holds a day's records."""
-        if f"postgres:{self.table}" not in self.ctx.tables_made:
-            self.admin.execute(f"DROP TABLE IF EXISTS {self.table}")
+        table = self.table if table is None else table
+        if f"postgres:{table}" not in self.ctx.tables_made:
+            self.admin.execute(f"DROP TABLE IF EXISTS {table}")
             for statement in statements:
                 self.admin.execute(statement)
-            self.admin.execute(filler.format(table=self.table, rows=FILLER_ROWS))
-            self.admin.execute(f"ANALYZE {self.table}")
-            self.ctx.tables_made.add(f"postgres:{self.table}")
+            if filler:
+                self.admin.execute(filler.format(table=table, rows=FILLER_ROWS))
+            self.admin.execute(f"ANALYZE {table}")
+            self.ctx.tables_made.add(f"postgres:{table}")
 
     def cleanup(self) -> None:
         self.admin.execute(f"DELETE FROM {self.table} WHERE application_name = %s", (self.app,))
@@ -678,15 +685,15 @@ class BusinessTransaction:
     of an account row and an INSERT into the ledger (2: one of each), on a DB-API
     connection whose transaction is open. The caller commits."""
 
-    def __init__(self, app: str, statements: int) -> None:
+    def __init__(self, app: str, statements: int, quote: str = "`") -> None:
         self.app = app
         self.statements = statements
+        account, ledger = (f"{quote}{t}{quote}" for t in (TX_ACCOUNT_TABLE, TX_LEDGER_TABLE))
         self.update = (
-            f"UPDATE `{TX_ACCOUNT_TABLE}` SET balance = balance + %s "
-            "WHERE application_name = %s AND id = %s"
+            f"UPDATE {account} SET balance = balance + %s WHERE application_name = %s AND id = %s"
         )
         self.insert = (
-            f"INSERT INTO `{TX_LEDGER_TABLE}` (application_name, account, msg_id, amount) "
+            f"INSERT INTO {ledger} (application_name, account, msg_id, amount) "
             "VALUES (%s, %s, %s, %s)"
         )
         self.sequence = 0
@@ -733,7 +740,64 @@ class MySQLTxCase(MySQLCase):
         super().close()
 
 
-class MySQLTxPlain(MySQLTxCase):
+class BareTransaction(Case):
+    """Mixed into a transaction case: the business transaction on ``self.conn`` (opened by the
+    case, its transaction begun by its first statement), ended by :meth:`end` (COMMIT; the
+    floor cases send the dedup record with it), rolled back on an error."""
+
+    conn: Any
+    business: BusinessTransaction
+
+    def consume(self, item: Any) -> Any:
+        try:
+            self.handler(item)
+            self.business(self.conn, item)
+            self.end(item)
+        except BaseException:
+            self.conn.rollback()
+            raise
+        return OK
+
+    def end(self, item: Any) -> None:
+        self.conn.commit()
+
+    def record_row(self, item: Any) -> tuple[Any, ...]:
+        """The dedup record of ``item`` as the library writes it: key, readable columns,
+        owner, retention (ms)."""
+        digest = element_digest(DedupElement(self.app, item.topic, TAG, item.id))
+        return (digest, self.app, item.topic, TAG, item.id, "owner.1@1", RESERVE_MINUTES * 60_000)
+
+    def close(self) -> None:
+        super().close()
+        self.conn.close()
+
+
+class ListenerTransaction(SQLListenerCase):
+    """Mixed into a transaction case: the same business transaction through
+    :class:`TransactionalDedupListener` on the case's connection factory, the writes through
+    ``conn``, the dedup record sent with the COMMIT (the library's table)."""
+
+    business: BusinessTransaction
+
+    def start_tx_listener(self) -> None:
+        config = DedupConfig.enable_dedup_consume_config(
+            self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
+        )
+        self.listener = BenchTxListener(config, self.handler, self.business)
+
+
+def run_with_commit(conn: Any, statement: str, params: Sequence[Any]) -> None:
+    """MySQL: ``statement; COMMIT`` in one text (one round trip), every result read."""
+    cur = conn.cursor()
+    try:
+        cur.execute(statement, params)
+        while cur.nextset():
+            pass
+    finally:
+        cur.close()
+
+
+class MySQLTxPlain(BareTransaction, MySQLTxCase):
     """The business transaction without dedup: the case opens it on its own connection
     (autocommit off, as the library's transaction connections), writes, COMMITs."""
 
@@ -743,20 +807,6 @@ class MySQLTxPlain(MySQLTxCase):
         super().setup()
         self.conn = self.connect()
         self.conn.autocommit(False)
-
-    def consume(self, item: Any) -> Any:
-        try:
-            self.handler(item)
-            self.business(self.conn, item)
-            self.conn.commit()
-        except BaseException:
-            self.conn.rollback()
-            raise
-        return OK
-
-    def close(self) -> None:
-        super().close()
-        self.conn.close()
 
 
 class MySQLTxRecord(MySQLTxPlain):
@@ -773,26 +823,31 @@ class MySQLTxRecord(MySQLTxPlain):
         self.make_table(schema_sql(LIBRARY_TABLE), LIBRARY_TABLE)
         self.record = RECORD_INSERT_SQL.format(table=f"`{LIBRARY_TABLE}`") + "; COMMIT"
 
-    def consume(self, item: Any) -> Any:
-        cur = self.conn.cursor()
-        try:
-            self.handler(item)
-            self.business(self.conn, item)
-            element = DedupElement(self.app, item.topic, TAG, item.id)
-            row = (element_digest(element), self.app, item.topic, TAG, item.id)
-            cur.execute(self.record, (*row, "owner.1@1", RESERVE_MINUTES * 60_000))
-            while cur.nextset():
-                pass
-        except BaseException:
-            self.conn.rollback()
-            raise
-        finally:
-            cur.close()
-        return OK
+    def end(self, item: Any) -> None:
+        run_with_commit(self.conn, self.record, self.record_row(item))
 
     def cleanup(self) -> None:
         super().cleanup()
         self.sql(f"DELETE FROM `{LIBRARY_TABLE}` WHERE application_name = %s", (self.app,))
+
+
+class MySQLTxRecordNarrow(MySQLTxRecord):
+    """``mysql_tx_record`` with a narrower record: the same statement and table, the readable
+    columns empty but the application's (which ``stats`` counts by), as a record that kept
+    only what ``inspect`` reads (it looks a record up by its key). Information:
+    ``mysql_tx_record_narrow/mysql_tx_record``, issue 34.5's question."""
+
+    name = "mysql_tx_record_narrow"
+    in_quick = False
+
+    def record_row(self, item: Any) -> tuple[Any, ...]:
+        return narrow(super().record_row(item))
+
+
+def narrow(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A record row with its topic, tag and key texts empty (key, application kept)."""
+    key, app, _, _, _, *rest = row
+    return (key, app, "", "", "", *rest)
 
 
 class BenchTxListener(TransactionalDedupListener):
@@ -809,32 +864,20 @@ class BenchTxListener(TransactionalDedupListener):
         return True
 
 
-class MySQLTxDedup(MySQLTxCase):
-    """The same business transaction through :class:`TransactionalDedupListener`: the writes
-    through ``conn``, then the dedup record sent with the COMMIT (the library's table)."""
+class MySQLTxDedup(ListenerTransaction, MySQLTxCase):
+    """The same business transaction through :class:`TransactionalDedupListener` (a
+    mysqlclient factory)."""
 
     name = "mysql_tx_dedup"
 
     def setup(self) -> None:
         super().setup()
         self.make_table(schema_sql(LIBRARY_TABLE), LIBRARY_TABLE)
-        config = DedupConfig.enable_dedup_consume_config(
-            self.app, self.connect, table_name=LIBRARY_TABLE, **listener_options()
-        )
-        self.listener = BenchTxListener(config, self.handler, self.business)
-
-    def consume(self, item: Any) -> Any:
-        return self.listener(item)
+        self.start_tx_listener()
 
     def cleanup(self) -> None:
         super().cleanup()
         self.sql(f"DELETE FROM `{LIBRARY_TABLE}` WHERE application_name = %s", (self.app,))
-
-    def close(self) -> None:
-        super().close()
-        assert self.listener.dedup_config is not None
-        assert self.listener.dedup_config.store is not None
-        self.listener.dedup_config.store.close()
 
 
 class MySQLTx12Plain(MySQLTxPlain):
@@ -851,6 +894,119 @@ class MySQLTx12Dedup(MySQLTxDedup):
     name = "mysql_tx12_dedup"
     statements = 12
     in_quick = False
+
+
+# -- PostgreSQL, exactly-once: the same business transaction with and without the record ----
+
+PG_TX_ACCOUNT_SCHEMA = f"""CREATE TABLE {TX_ACCOUNT_TABLE} (
+  application_name varchar(191) NOT NULL,
+  id               int          NOT NULL,
+  balance          bigint       NOT NULL DEFAULT 0,
+  PRIMARY KEY (application_name, id)
+)"""
+
+PG_TX_LEDGER_SCHEMA = (
+    f"""CREATE TABLE {TX_LEDGER_TABLE} (
+  id               bigserial    PRIMARY KEY,
+  application_name varchar(191) NOT NULL,
+  account          int          NOT NULL,
+  msg_id           varchar(128) NOT NULL,
+  amount           int          NOT NULL
+)""",
+    f"CREATE INDEX ON {TX_LEDGER_TABLE} (application_name)",
+)
+
+
+class PostgresTxCase(PostgresCase):
+    """A business transaction per message (:class:`BusinessTransaction`) on the bench's
+    PostgreSQL; ``cleanup`` deletes this case's ledger rows (and dedup records).
+    Single-threaded, fresh messages."""
+
+    table = TX_LEDGER_TABLE
+    statements: ClassVar[int] = 2
+
+    def setup(self) -> None:
+        super().setup()
+        self.make_table(PG_TX_LEDGER_SCHEMA)
+        self.make_table([PG_TX_ACCOUNT_SCHEMA], table=TX_ACCOUNT_TABLE)
+        self.make_table(postgres_schema(LIBRARY_TABLE), LIBRARY_FILLER, LIBRARY_TABLE)
+        self.admin.execute(
+            f"DELETE FROM {TX_ACCOUNT_TABLE} WHERE application_name = %s", (self.app,)
+        )
+        self.admin.execute(
+            f"INSERT INTO {TX_ACCOUNT_TABLE} (application_name, id) "
+            "SELECT %s, i FROM generate_series(0, %s) AS i",
+            (self.app, TX_ACCOUNTS - 1),
+        )
+        self.business = BusinessTransaction(self.app, self.statements, quote='"')
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.admin.execute(f"DELETE FROM {LIBRARY_TABLE} WHERE application_name = %s", (self.app,))
+
+    def close(self) -> None:
+        self.admin.execute(
+            f"DELETE FROM {TX_ACCOUNT_TABLE} WHERE application_name = %s", (self.app,)
+        )
+        super().close()
+
+
+def pipeline_with_commit(conn: Any, statement: str, params: Sequence[Any]) -> None:
+    """PostgreSQL: ``statement`` and ``COMMIT`` in one round trip (psycopg's pipeline, COMMIT
+    as a statement of it: ``conn.commit()`` there would sync once more)."""
+    with conn.pipeline():
+        conn.execute(statement, params)
+        conn.execute("COMMIT")
+
+
+class PostgresTxPlain(BareTransaction, PostgresTxCase):
+    """The business transaction without dedup, as psycopg runs one: a connection in its
+    default mode (psycopg sends BEGIN before the first statement), the writes, COMMIT."""
+
+    name = "pg_tx_plain"
+
+    def setup(self) -> None:
+        super().setup()
+        self.conn = self.connect()
+
+
+class PostgresTxRecord(PostgresTxPlain):
+    """The design's floor on PostgreSQL: ``pg_tx_plain`` plus the dedup record, written by hand
+    with the library's own statement (the same row in the library's table), sent with the
+    COMMIT in one round trip (:func:`pipeline_with_commit`), none of the library's Python.
+    Round trips per message, counted on the wire: 4, as many as ``pg_tx_plain`` (BEGIN, the
+    two statements, COMMIT)."""
+
+    name = "pg_tx_record"
+
+    def setup(self) -> None:
+        super().setup()
+        self.record = RECORD_COMMIT_SQL.format(table=LIBRARY_TABLE)
+
+    def end(self, item: Any) -> None:
+        pipeline_with_commit(self.conn, self.record, self.record_row(item))
+
+
+class PostgresTxRecordNarrow(PostgresTxRecord):
+    """``pg_tx_record`` with a narrower record (:func:`narrow`: the readable columns empty but
+    the application's); information: ``pg_tx_record_narrow/pg_tx_record``."""
+
+    name = "pg_tx_record_narrow"
+    in_quick = False
+
+    def record_row(self, item: Any) -> tuple[Any, ...]:
+        return narrow(super().record_row(item))
+
+
+class PostgresTxDedup(ListenerTransaction, PostgresTxCase):
+    """The same business transaction through :class:`TransactionalDedupListener` (a psycopg
+    factory, as the README shows it)."""
+
+    name = "pg_tx_dedup"
+
+    def setup(self) -> None:
+        super().setup()
+        self.start_tx_listener()
 
 
 IN_PROCESS_CASES: tuple[type[Case], ...] = (
@@ -879,4 +1035,9 @@ IN_PROCESS_CASES: tuple[type[Case], ...] = (
     MySQLTxRecord,
     MySQLTx12Plain,
     MySQLTx12Dedup,
+    MySQLTxRecordNarrow,
+    PostgresTxPlain,
+    PostgresTxRecord,
+    PostgresTxDedup,
+    PostgresTxRecordNarrow,
 )

@@ -200,12 +200,18 @@ class DedupElement(NamedTuple):
 
     def digest(self) -> bytes:
         """SHA-256 over the length-prefixed UTF-8 fields: 32 bytes, collision-free in practice."""
-        parts = []
-        for field in self:
-            data = encode_text(field)
-            parts.append(len(data).to_bytes(8, "big"))
-            parts.append(data)
-        return hashlib.sha256(b"".join(parts)).digest()
+        return fields_digest(self)
+
+
+def fields_digest(fields: Iterable[str]) -> bytes:
+    """SHA-256 over the length-prefixed UTF-8 ``fields`` (:func:`encode_text`): a record's key
+    (:meth:`DedupElement.digest`), an entity's in the sequence table."""
+    parts = []
+    for field in fields:
+        data = encode_text(field)
+        parts.append(len(data).to_bytes(8, "big"))
+        parts.append(data)
+    return hashlib.sha256(b"".join(parts)).digest()
 
 
 #: Elements longer than this (all fields, in characters) are never cached: the caches hold

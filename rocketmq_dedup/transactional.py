@@ -4,11 +4,13 @@ transaction, with an optional per-entity sequence guard.
 The plain :class:`~rocketmq_dedup.DedupConcurrentListener` runs a handler once in normal
 operation and at least once always: a crash between the handler's success and the CONSUMED
 mark, or a lease that lapsed under a stalled handler, can run it twice. When the handler's
-effect is a write to the MySQL/MariaDB database that also holds the dedup records, this mode
-makes it exactly once: the CONSUMED record is INSERTed in the handler's own transaction, with
-its COMMIT (one round trip where the driver allows), and its primary key lets one copy of a
-message commit, whatever the others did. A copy that loses is rolled back: its writes never
-commit, and it is acked as the duplicate it is.
+effect is a write to the database that also holds the dedup records (MySQL/MariaDB or
+PostgreSQL), this mode makes it exactly once: the CONSUMED record is written in the handler's
+own transaction, with its COMMIT (one round trip where the driver allows), and its primary key
+lets one copy of a message commit, whatever the others did. A copy that loses is rolled back:
+its writes never commit, and it is acked as the duplicate it is. Each database's I/O is its
+store's transaction port (:mod:`rocketmq_dedup.stores.mysql.transaction`,
+:mod:`rocketmq_dedup.stores.postgres.transaction`); the decisions below are the same on both.
 
 When a key is claimed (the ``exactly_once_claim`` setting):
 
@@ -18,10 +20,11 @@ When a key is claimed (the ``exactly_once_claim`` setting):
   duplicate of a committed message costs one round trip. A concurrent copy in another process
   runs its handler too (waiting on the first's row locks if it touches the same rows), and is
   rolled back at its COMMIT.
-* ``"before_handler"``: the transaction starts with the key's look-up and its named lock
-  (``GET_LOCK``), one round trip: a duplicate from any consumer of the same server is answered
-  at once, whatever locks the first copy holds. The lock writes nothing, needs no renewal, and
-  is freed by the COMMIT's round trip or when its session ends.
+* ``"before_handler"``: the transaction starts with the key's lock, taken without waiting
+  (MySQL's named lock ``GET_LOCK``, PostgreSQL's ``pg_try_advisory_xact_lock``), then its
+  look-up: a duplicate from any consumer of the same server is answered at once, whatever locks
+  the first copy holds. The lock writes nothing, needs no renewal, and is freed by the end of
+  the transaction or when its session ends.
 
 Sequence guard, per entity (state in the ``<table>_seq`` table, updated in the same
 transaction): ``sequence_mode="strict"`` - seq <= last applied: acked without the handler
@@ -38,8 +41,9 @@ sends (a gap) belong with the concurrent consumer, whose retries go round the ot
 
 A consumer killed in its handler: its session ends with its socket, and the server rolls its
 transaction back at once (a redelivery runs right away). A consumer frozen in its handler
-(SIGSTOP, a hung VM): its session's idle timeout (``wait_timeout``, set on the transaction
-connections to ``max_processing_milli_seconds``, or the lease without lease renewal) ends it,
+(SIGSTOP, a hung VM): its session's idle timeout (MySQL's ``wait_timeout``, set on the
+transaction connections, PostgreSQL's ``idle_in_transaction_session_timeout``, set for each
+transaction: ``max_processing_milli_seconds``, or the lease without lease renewal) ends it,
 which rolls it back and frees its locks; until then a copy in another process may run and
 commit (the frozen one then fails its COMMIT).
 
@@ -76,13 +80,14 @@ class TransactionalDedupListener(BaseDedupListener):
     ``consume_message(msgs)``, ``consume_each(msgs)``, the 5.x adapters; one transaction per
     message.
 
-    :param dedup_config: a config whose store is the MySQL store on the business database (a
-        connection factory, or a SQLAlchemy ``Engine``); anything else raises
-        :class:`DedupConfigError`. ``pool_size`` bounds each of the store's two pools, the one
-        for look-ups, and the one for transactions (a connection per running handler): set it
-        to at least the consumer's thread count (with an Engine, the engine's pool serves the
-        transactions). Its ``exactly_once_claim``, ``sequence_mode`` and ``sequence_start``
-        settings apply (module docstring).
+    :param dedup_config: a config whose store is the MySQL or the PostgreSQL store on the
+        business database (a connection factory, a ``psycopg_pool`` pool, or a SQLAlchemy
+        ``Engine``); anything else raises :class:`DedupConfigError`. ``pool_size`` bounds
+        each of a factory's two pools, the one for look-ups, and the one for transactions (a
+        connection per running handler): set it to at least the consumer's thread count (with
+        an Engine or a ``psycopg_pool`` pool, theirs serve the transactions). Its
+        ``exactly_once_claim``, ``sequence_mode`` and ``sequence_start`` settings apply
+        (module docstring).
     """
 
     def __init__(self, dedup_config: DedupConfig) -> None:
@@ -91,10 +96,10 @@ class TransactionalDedupListener(BaseDedupListener):
         if not isinstance(dedup_config, DedupConfig) or transactions is None:
             got = "no config" if dedup_config is None else f"a config whose store is {store!r}"
             raise DedupConfigError(
-                f"{type(self).__name__} needs a DedupConfig with dedup enabled on the MySQL "
-                "store (a connection factory or a SQLAlchemy Engine of the business "
-                f"database), since the dedup record commits in the handler's transaction; got "
-                f"{got}"
+                f"{type(self).__name__} needs a DedupConfig with dedup enabled on the MySQL or "
+                "PostgreSQL store of the business database (a connection factory, a "
+                "psycopg_pool pool or a SQLAlchemy Engine), since the dedup record commits in "
+                f"the handler's transaction; got {got}"
             )
         if self._has_sequence_key() and not transactions.supports_sequences:
             assert store is not None
@@ -119,9 +124,10 @@ class TransactionalDedupListener(BaseDedupListener):
     def do_handle_msg(self, msg: Any, conn: Any) -> Any:
         """The business logic, inside the message's transaction.
 
-        ``conn`` is the transaction's connection: a DB-API connection (``conn.cursor()``) on
-        which ``commit()``, ``rollback()``, ``close()`` and autocommit are refused, or, with
-        a SQLAlchemy ``Engine``, the ``Connection`` of ``engine.begin()``. Return True (or a
+        ``conn`` is the transaction's connection: a DB-API or psycopg connection
+        (``conn.cursor()``; psycopg's ``conn.execute()``) on which ``commit()``,
+        ``rollback()``, ``close()`` and autocommit are refused, or, with a SQLAlchemy
+        ``Engine``, the ``Connection`` of ``engine.begin()``. Return True (or a
         client's success value) to commit your writes together with the dedup record;
         ``False``, ``None``, a retry value or an exception rolls everything back and the
         broker redelivers the message later.

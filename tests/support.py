@@ -145,6 +145,21 @@ class PrivatePostgres:
         )  # fmt: skip
         return self.start()
 
+    def standby(self, name: str) -> PrivatePostgres:
+        """A hot standby of this server, started: ``pg_basebackup -R`` (streaming replication,
+        which ``initdb`` lets 127.0.0.1 do without a password) into a cluster of its own on
+        its own port. It serves reads and refuses writes, as a replica does."""
+        replica = PrivatePostgres(name)
+        subprocess.run(["rm", "-rf", str(replica.home)], check=True)
+        (replica.home / "run").mkdir(parents=True)
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", "postgres:postgres", str(replica.home)], check=True)
+        replica._run(
+            f"{self._bin}/pg_basebackup", "-D", str(replica.data), "-R", "-X", "stream",
+            "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+        )  # fmt: skip
+        return replica.start()
+
     def start(self) -> PrivatePostgres:
         """Start the server on its port and wait until it takes connections."""
         options = (

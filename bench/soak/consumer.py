@@ -29,7 +29,9 @@ client's callback runs on one native thread from the claim to the answer). Event
 Prints STARTED once consuming; stops on SIGTERM.
 
 Modes: ``plain-redis``, ``plain-mysql`` (:class:`DedupConcurrentListener`), ``exactly-once``
-(:class:`TransactionalDedupListener`), and the control ``no-dedup``: the same handler behind a
+and ``exactly-once-postgres`` (:class:`TransactionalDedupListener` on MariaDB, on PostgreSQL:
+the effect row in the same database, through the transaction's connection), and the control
+``no-dedup``: the same handler behind a
 plain listener (no dedup record, no library code but the 5.x client's status adapter), which
 answers ``consumed`` or ``failed``. ``options`` (settings) go to the mode's ``DedupConfig``.
 The slot's ``kind``: ``classic`` (push), ``orderly`` (the classic orderly consumer) or ``grpc``
@@ -55,10 +57,10 @@ from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.message import message_id, message_keys, reconsume_times
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.status import ConsumeStatus
-from rocketmq_dedup.stores import MySQLDedupStore, RedisDedupStore
+from rocketmq_dedup.stores import MySQLDedupStore, PostgresDedupStore, RedisDedupStore
 from rocketmq_dedup.stores.base import Claim, ClaimResult, DedupStore
 from tests.e2e.clients import start_push_consumer
-from tests.support import mysql_connect
+from tests.support import mysql_connect, pg_connect
 
 EFFECT_SQL = "INSERT INTO soak_effects (run_id, biz_key, pid, at) VALUES (%s, %s, %s, %s)"
 #: The watchdog asks to wake this often, and writes a ``stall`` line when it woke this much
@@ -210,6 +212,11 @@ class ObservedMySQL(Observed, MySQLDedupStore):
         return super()._resolve_refused(*args, **kwargs)
 
 
+class ObservedPostgres(Observed, PostgresDedupStore):
+    """The PostgreSQL store, observed (one statement decides a claim: a takeover is
+    ``claimed``)."""
+
+
 class ObservedRedis(Observed, RedisDedupStore):
     """The Redis store, observed (a claim of a key whose lease lapsed is a new key there:
     ``claimed``)."""
@@ -359,6 +366,12 @@ def make_listener(settings: Dict[str, Any], handler: Handler, evidence: Evidence
     if settings["mode"] == "plain-redis":
         client = redis.Redis.from_url(settings["redis_url"], socket_timeout=5)
         store = ObservedRedis(client, **_take(options, ("key_prefix",)))
+    elif settings["mode"] == "exactly-once-postgres":
+        store = ObservedPostgres(
+            pg_connect(settings["pg_dsn"], connect_timeout=5),
+            **{"pool_size": settings["threads"] + 2,
+               **_take(options, ("table_name", "pool_size", "pool_timeout"))},
+        )  # fmt: skip
     else:
         store = ObservedMySQL(
             mysql_connect(),
@@ -374,7 +387,7 @@ def make_listener(settings: Dict[str, Any], handler: Handler, evidence: Evidence
         check_store=False,  # a consumer restarted during an outage still starts
         **options,
     )
-    if settings["mode"] == "exactly-once":
+    if settings["mode"].startswith("exactly-once"):
         return ExactlyOnceListener(config, handler)
     return PlainListener(config, handler)
 

@@ -28,7 +28,7 @@ class Send:
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # "sigkill", "redis_kill", "mysql_kill", "broker_restart"
+    kind: str  # "sigkill", "redis_kill", "mysql_kill", "postgres_kill", "broker_restart"
     at_s: float
 
 
@@ -90,12 +90,19 @@ def sends(run_id: str, keys: int, send_s: float, seed: int) -> list[Send]:
     return plan
 
 
-def faults(send_s: float, seed: int, sigkills: int = 3) -> list[Fault]:
+#: The store kills of every run; a run with a PostgreSQL mode adds ``postgres_kill``.
+STORE_KILLS = ("redis_kill", "mysql_kill")
+
+
+def faults(
+    send_s: float, seed: int, sigkills: int = 3, stores: Sequence[str] = STORE_KILLS
+) -> list[Fault]:
     """The faults, at seeded moments while messages flow (between 10 % and 90 % of the send
-    time), at least 3 s apart so each one's recovery is seen on its own. The broker restart
-    comes last: nothing flows for the 15-45 s it takes, and a fault then would hit no message."""
+    time), at least 3 s apart so each one's recovery is seen on its own: ``sigkills`` consumer
+    kills and one kill of each store in ``stores``. The broker restart comes last: nothing
+    flows for the 15-45 s it takes, and a fault then would hit no message."""
     rng = random.Random(seed ^ 0x5EED)
-    kinds = ["sigkill"] * sigkills + ["redis_kill", "mysql_kill"]
+    kinds = ["sigkill"] * sigkills + list(stores)
     rng.shuffle(kinds)
     kinds.append("broker_restart")
     slots = len(kinds)

@@ -134,6 +134,7 @@ def chart(report: Dict[str, Any], path: Path) -> None:
     modes = list(report["modes"].items())
     fig, axes = plt.subplots(len(modes), 1, figsize=(9, 2.6 * len(modes)), squeeze=False)
     colours = {"sigkill": "tab:red", "redis_kill": "tab:purple", "mysql_kill": "tab:brown",
+               "postgres_kill": "tab:olive",
                "broker_restart": "tab:orange"}  # fmt: skip
     for ax, (mode, result) in zip(axes[:, 0], modes, strict=True):
         counts = result["timeline"]

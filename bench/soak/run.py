@@ -3,8 +3,10 @@
 
 Needs the project's servers running (``scripts/soak.sh`` starts them): MariaDB and the broker
 of ``scripts/services.sh`` / ``scripts/rocketmq.sh``, which this run kills and restarts; Redis
-is the soak's own (AOF ``everysec``, port ``SOAK_REDIS_PORT``), started and stopped here. Every
-process it starts is stopped by PID when it ends, fails or is interrupted.
+is the soak's own (AOF ``everysec``, port ``SOAK_REDIS_PORT``), started and stopped here, and so
+is PostgreSQL when the ``exactly-once-postgres`` mode runs (a cluster of its own under the
+state root, on a free port: never the project's). Every process it starts is stopped by PID
+when it ends, fails or is interrupted.
 
 The quick run (CI) runs its modes at once, under one schedule of faults (one broker restart for
 all of them); the full run (the record) runs them one after another, each alone.
@@ -34,20 +36,34 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from bench.soak import accounting, evidence
 from bench.soak import report as soak_report
-from bench.soak.plan import DEFAULT_CONSUMERS, KINDS, Fault, Send, faults, kind_of, sends
+from bench.soak.plan import (
+    DEFAULT_CONSUMERS,
+    KINDS,
+    STORE_KILLS,
+    Fault,
+    Send,
+    faults,
+    kind_of,
+    sends,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_ROOT = Path(os.environ.get("ROCKETMQ_DEDUP_STATE_ROOT", "/tmp/rocketmq-dedup"))
 STATE = STATE_ROOT / "soak"
 HOME = STATE / "home"  # the consumers' HOME: rocketmq-client-cpp writes its logs under it
 CONTROL = "no-dedup"
-MODES = ("plain-redis", "plain-mysql", "exactly-once", CONTROL)
+MODES = ("plain-redis", "plain-mysql", "exactly-once", "exactly-once-postgres", CONTROL)
+#: The modes a run does by default (``--modes``): all but those that need a server more.
+DEFAULT_MODES = ("plain-redis", "plain-mysql", "exactly-once", CONTROL)
 STORE_KILL = {
     "plain-redis": "redis_kill",
     "plain-mysql": "mysql_kill",
     "exactly-once": "mysql_kill",
+    "exactly-once-postgres": "postgres_kill",
     CONTROL: "none",
 }
+#: The modes whose store (and effects) are the soak's PostgreSQL.
+POSTGRES_MODES = ("exactly-once-postgres",)
 SOAK_REDIS_PORT = int(os.environ.get("SOAK_REDIS_PORT", "16390"))
 THREADS = 8
 LEASE_MS = 10_000  # a killed consumer's claims lapse after this; redeliveries then run
@@ -185,6 +201,28 @@ class SoakRedis:
                 self.kill()
 
 
+class SoakPostgres:
+    """The soak's PostgreSQL: a cluster of its own (tests.support.PrivatePostgres: initdb under
+    the state root, a free port), killed with -9 and restarted on the same data directory (it
+    recovers from its WAL); destroyed at the end."""
+
+    def __init__(self) -> None:
+        from tests.support import PrivatePostgres
+
+        self.server = PrivatePostgres("soak")
+        self.dsn = self.server.dsn
+
+    def start(self) -> None:
+        self.server.create()
+
+    def kill(self) -> None:
+        self.server.kill()
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.destroy()
+
+
 def kill_mariadb() -> None:
     pid = int((STATE_ROOT / "services" / "mariadb.pid").read_text())
     os.kill(pid, signal.SIGKILL)
@@ -298,6 +336,7 @@ class ModeRun:
     seed: int
     kinds: Sequence[str]
     redis: SoakRedis
+    postgres: Optional[SoakPostgres]
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     kills: List[evidence.Kill] = field(default_factory=list)
     faults_done: List[Dict[str, Any]] = field(default_factory=list)
@@ -340,6 +379,7 @@ class ModeRun:
         settings = {
             "mode": self.mode, "run_id": self.run_id, "app": f"soak-{self.run_id}",
             "threads": THREADS, "lease_ms": LEASE_MS, "redis_url": self.redis.url,
+            "pg_dsn": self.postgres.dsn if self.postgres is not None else None,
             "evidence": str(self.evidence_path()), "options": self.options,
         }  # fmt: skip
         self.consumers = [
@@ -381,7 +421,12 @@ class ModeRun:
                     backoff = min(backoff * 2, 2.0)
 
     def applied(self) -> List[evidence.Effect]:
-        rows = sql("SELECT biz_key, pid, at FROM soak_effects WHERE run_id = %s", (self.run_id,))
+        query = "SELECT biz_key, pid, at FROM soak_effects WHERE run_id = %s"
+        if self.mode in POSTGRES_MODES:
+            assert self.postgres is not None
+            rows = pg_sql(self.postgres.dsn, query, (self.run_id,))
+        else:
+            rows = sql(query, (self.run_id,))
         return [evidence.Effect(k, int(p), float(a)) for k, p, a in rows]
 
     def quiet_s(self) -> float:
@@ -581,10 +626,18 @@ class Batch:
                 p.send_keyed(r.topic(k), b"probe", r.probe_key(k))
             time.sleep(1.0)
 
+    def store_kills(self) -> List[str]:
+        """The store kills of the schedule: Redis's and MariaDB's always (every run's schedule
+        stays what it was), PostgreSQL's when one of its modes runs."""
+        kills = list(STORE_KILLS)
+        if any(r.mode in POSTGRES_MODES for r in self.runs):
+            kills.append("postgres_kill")
+        return kills
+
     def inject(self, start: float) -> None:
         """Each fault at its time, in its own thread (a broker restart takes 15-45 s under
         load; the faults after it must still strike while messages flow)."""
-        schedule = faults(self.size.send_s, self.seed)
+        schedule = faults(self.size.send_s, self.seed, stores=self.store_kills())
         rng = random.Random(self.seed)
         slots = {i: rng.randrange(len(self.runs[0].kinds)) for i, f in enumerate(schedule)
                  if f.kind == "sigkill"}  # fmt: skip
@@ -625,6 +678,10 @@ class Batch:
             kill_mariadb()
             time.sleep(1.0)
             script("services.sh", "up", "mysql")
+        elif fault.kind == "postgres_kill":
+            postgres = self.runs[0].postgres
+            assert postgres is not None
+            postgres.kill()
         else:
             script("rocketmq.sh", "restart-broker")
         took = time.time() - at
@@ -687,7 +744,7 @@ def timeline(decisions: Sequence[evidence.Event], start: float, step: float = 5.
     return [counts.get(i, 0) for i in range(max(counts, default=-1) + 1)]
 
 
-def create_tables() -> None:
+def create_tables(postgres: Optional[SoakPostgres]) -> None:
     from rocketmq_dedup.stores.mysql import MySQLDedupStore
 
     sql(
@@ -696,6 +753,34 @@ def create_tables() -> None:
         " at DOUBLE NOT NULL, KEY (run_id)) ENGINE=InnoDB"
     )
     MySQLDedupStore(mysql_connect()).create_table()
+    if postgres is not None:
+        from rocketmq_dedup.stores.postgres import PostgresDedupStore
+        from tests.support import pg_connect
+
+        pg_sql(
+            postgres.dsn,
+            "CREATE TABLE IF NOT EXISTS soak_effects (id bigserial PRIMARY KEY,"
+            " run_id varchar(16) NOT NULL, biz_key varchar(64) NOT NULL, pid int NOT NULL,"
+            " at double precision NOT NULL)",
+        )
+        pg_sql(postgres.dsn, "CREATE INDEX IF NOT EXISTS soak_effects_run ON soak_effects (run_id)")
+        store = PostgresDedupStore(pg_connect(postgres.dsn))
+        store.create_table()
+        store.close()
+
+
+def pg_sql(dsn: str, query: str, params: Sequence[Any] = ()) -> List[Any]:
+    """One statement on the soak's PostgreSQL (retried while it restarts)."""
+    from tests.support import pg_query
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return pg_query(query, *params, dsn=dsn)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -768,9 +853,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="5,000 keys per mode, the modes at once (CI)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument(
-        "--modes", default=",".join(MODES),
+        "--modes", default=",".join(DEFAULT_MODES),
         help=f"comma-separated MODE or MODE:VARIANT; modes: {', '.join(MODES)} (the control; "
-        "default: all)",
+        f"default: {','.join(DEFAULT_MODES)})",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
@@ -823,10 +908,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
     STATE.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(HOME / "logs", ignore_errors=True)  # client logs are counted per pid
-    create_tables()
+    postgres: Optional[SoakPostgres] = None
+    if any(spec.partition(":")[0] in POSTGRES_MODES for spec in specs):
+        postgres = SoakPostgres()
+        postgres.start()
     redis_server = SoakRedis()
-    redis_server.start()
-    runs = [ModeRun(s, options[s], size, args.seed, kinds, redis_server) for s in specs]
+    try:
+        create_tables(postgres)
+        redis_server.start()
+    except BaseException:
+        if postgres is not None:
+            postgres.stop()
+        raise
+    runs = [ModeRun(s, options[s], size, args.seed, kinds, redis_server, postgres) for s in specs]
     for r in runs:
         r.make_consumers()
     batches = [runs] if size.together else [[r] for r in runs]
@@ -855,6 +949,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             log(f"{names}: phases {batch.phases}")
     finally:
         redis_server.stop()
+        if postgres is not None:
+            postgres.stop()
     report = {
         "modes": results,
         "control": accounting.compare(results, CONTROL),
@@ -869,7 +965,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         m for m, r in results.items()
         if r["acked_not_applied"]
         or r["double_applied"] != r["double_applied_explained"]
-        or (r["mode"] == "exactly-once" and r["double_applied"])
+        or (r["mode"].startswith("exactly-once") and r["double_applied"])
     ]  # fmt: skip
     if failed:
         log(

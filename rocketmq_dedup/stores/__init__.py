@@ -100,9 +100,9 @@ def make_store(client: Any, **options: Any) -> DedupStore:
 
 def check_usable(store: DedupStore, application: str = PROBE_APPLICATION) -> None:
     """The start-up check: reach ``store`` once (Redis ``PING``; MySQL connect and ``SELECT
-    CURRENT_USER()``; PostgreSQL connect and ``SELECT 1``), prove it can claim and release
-    (:meth:`DedupStore.prove_writes`, in ``application``'s key space), and log at WARNING what
-    puts its records at risk
+    CURRENT_USER()``; PostgreSQL connect and ``SELECT current_user``), prove it can claim and
+    release (:meth:`DedupStore.prove_writes`, in ``application``'s key space), and log at
+    WARNING what puts its records at risk
     (:meth:`DedupStore.risks`: a Redis that evicts keys). Raise :class:`DedupConfigError`
     naming the address, or the missing privilege, ACL rule or the read-only server, so a
     store that cannot work is found at start-up, not at the first message."""

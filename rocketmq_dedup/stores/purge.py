@@ -24,7 +24,10 @@ never one of the pool its consumers use, in autocommit mode. The session's contr
 from __future__ import annotations
 
 import abc
-from typing import NamedTuple, Protocol, runtime_checkable
+import logging
+from typing import Any, Callable, List, NamedTuple, Protocol, Sequence, Tuple, runtime_checkable
+
+logger = logging.getLogger(__name__)
 
 
 class PurgeBatch(NamedTuple):
@@ -40,11 +43,50 @@ class PurgeBatch(NamedTuple):
     """How long ago the longest-expired row of the batch expired (0 when none had)."""
 
 
+def purge_batch(
+    rows: Sequence[Tuple[bytes, int]],
+    delete: Callable[[List[bytes]], int],
+    gives_way: Callable[[BaseException], bool],
+    after: bytes,
+    dry_run: bool = False,
+) -> PurgeBatch:
+    """One batch, from the keys a store's scan read (``rows``: each key and how long ago it
+    expired, in ms; negative: live): ``delete(expired keys)`` (with ``dry_run``: count them).
+    A DELETE that meets a consumer's lock (``gives_way``: a deadlock, a lock wait timeout)
+    deletes nothing; the next pass takes those rows."""
+    expired = [bytes(key) for key, overdue in rows if overdue >= 0]
+    oldest = max((int(overdue) for _, overdue in rows), default=0)
+    count = len(expired)
+    if expired and not dry_run:
+        try:
+            count = int(delete(expired))
+        except Exception as exc:
+            if not gives_way(exc):
+                raise
+            logger.debug("a purge batch gave way to a consumer's lock: %s", exc)
+            count = 0
+    last = bytes(rows[-1][0]) if rows else after
+    return PurgeBatch(count, len(rows), last, max(0, oldest))
+
+
 class PurgeSession(abc.ABC):
     """A database session of its own for the purge (see the module docstring)."""
 
     #: The name of the table's purge lock (for logs).
     lock_name: str = ""
+    #: The store's error for a driver error (outage, refusal or defect).
+    _wrap: Callable[[Exception], Exception]
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, a driver error raised as the store's error."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise self._wrap(exc) from exc
+
+    def _closed(self) -> Exception:
+        """The error of a call on a closed session."""
+        return self._wrap(RuntimeError("the purge session is closed"))
 
     @abc.abstractmethod
     def try_lock(self) -> bool:

@@ -1,17 +1,21 @@
 """What the SQL record stores (MySQL, PostgreSQL) share besides their pool
 (:mod:`rocketmq_dedup.stores.pool`): their options' validation, the purge's walk in key order,
-records read back by digest, the operator's delete rule and the latency check. The statements
-and the connections are each store's own."""
+records read back by digest, the operator's delete rule, the latency check, and what follows
+their tables (:class:`SqlTables`: the sequence table's absence told, the write proof the
+start-up check deferred). The statements and the connections are each store's own."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import DedupConfigError
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.status import DedupStatus
-from rocketmq_dedup.stores.base import Diagnosis, Record, round_trip
+from rocketmq_dedup.stores.base import Claim, DedupStore, Diagnosis, Record, round_trip
+
+logger = logging.getLogger(__name__)
 
 #: One purge step: (rows deleted or, dry, expired; rows scanned; the last key scanned).
 PurgeStep = Tuple[int, int, bytes]
@@ -100,3 +104,55 @@ def latency(check: Callable[[], Any]) -> Diagnosis:
         check()
         times.append(time.perf_counter() - begin)
     return Diagnosis("latency", True, round_trip(sorted(times)[2]) + " (median of 5)")
+
+
+class SqlTables(DedupStore):
+    """Mixed into a SQL store (before :class:`DedupStore`): what follows its tables.
+
+    * The start-up check's write proof (:meth:`DedupStore.prove_writes`) when the table does
+      not exist yet (the quick start builds the config, then calls ``create_table()``): logged
+      and deferred to :meth:`tables_created`, which the store's ``create_table()`` calls.
+    * A dedup table whose ``<table>_seq`` name would be too long: told once, at
+      ``create_table()`` (the exactly-once mode then has no sequence guard).
+    """
+
+    table_name: str
+    sequence_table_name: Optional[str]
+    #: The application whose write proof waits for the table.
+    _unproven: Optional[str] = None
+    #: How long a sequence table's name may be, for the warning ("64 characters").
+    longest_name = ""
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the server's "no such table"."""
+        raise NotImplementedError
+
+    def do_prove_writes(self, claims: List[Claim]) -> None:
+        """The probe (INSERT, UPDATE, SELECT and DELETE on the table), or, when the table does
+        not exist yet, the same in :meth:`tables_created` once it exists."""
+        try:
+            super().do_prove_writes(claims)
+        except Exception as exc:
+            if not self.is_missing_table(exc):
+                raise
+            self._unproven = claims[0].element.application
+            logger.info(
+                "%s: the table does not exist yet; create_table() checks the writes once it "
+                "has made it",
+                self.describe(),
+            )
+
+    def tables_created(self) -> None:
+        """After ``create_table()``: tell a missing sequence table; prove the writes if the
+        start-up check ran before the table existed."""
+        if self.sequence_table_name is None:
+            logger.warning(
+                "%s: no sequence table (%s_seq would be longer than %s); the exactly-once "
+                "mode's sequence guard is unavailable",
+                self.describe(),
+                self.table_name,
+                self.longest_name,
+            )
+        application, self._unproven = self._unproven, None
+        if application is not None:
+            self.prove_writes(application)

@@ -9,6 +9,8 @@ attribute); each message gets one :class:`Transaction` from it, used in this ord
     claim_key    (``exactly_once_claim="before_handler"``) the key's lock without waiting, then
                  the key's record, [and the entity's sequence row, locked]
     lock_sequence (``"at_commit"`` with a sequence key) the entity's sequence row, locked
+    before_handler what must reach the database before the handler (PostgreSQL: the BEGIN,
+                 when no statement carried it yet; nothing on MySQL)
     run_handler  the user's handler on :attr:`Transaction.conn`; then :meth:`misuse`
     commit_record the CONSUMED record [and the entity's new sequence number], then COMMIT
     commit       (a message without a dedup key) COMMIT alone
@@ -38,7 +40,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, NamedTuple, Optional
 
-from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.message import DedupElement, fields_digest
 from rocketmq_dedup.stores.base import Record
 
 
@@ -47,6 +49,11 @@ class Entity(NamedTuple):
 
     application: str
     name: str
+
+    def digest(self) -> bytes:
+        """Its key in the sequence table: SHA-256 of the length-prefixed (application, name)
+        (:func:`~rocketmq_dedup.message.fields_digest`)."""
+        return fields_digest(self)
 
 
 class SequenceStep(NamedTuple):
@@ -85,6 +92,13 @@ class Transaction(abc.ABC):
     def lock_sequence(self, entity: Entity) -> Optional[int]:
         """Lock the entity's sequence row until the end of the transaction (waiting for it;
         creating it when new) and return its last applied sequence number (None: none)."""
+
+    def before_handler(self) -> None:  # noqa: B027 - optional hook
+        """Right before :meth:`run_handler`: have the transaction begun on the server, if no
+        statement did yet, so that the handler's statements run in it (and a transaction
+        found ended after the handler is the handler's doing). Raises :class:`StoreError`
+        (never into the handler). Nothing by default: a connection whose transaction begins
+        with its first statement needs nothing."""
 
     @abc.abstractmethod
     def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:

@@ -1,7 +1,8 @@
 """The exactly-once decisions of :class:`~rocketmq_dedup.TransactionalDedupListener`: the
 handler's writes and the dedup record commit in one transaction. The I/O is the store's
 transaction port (:mod:`rocketmq_dedup.stores.transaction`; MySQL's is
-:class:`~rocketmq_dedup.stores.mysql.transaction.MySQLTransactions`), so the decisions are
+:class:`~rocketmq_dedup.stores.mysql.transaction.MySQLTransactions`, PostgreSQL's
+:class:`~rocketmq_dedup.stores.postgres.transaction.PostgresTransactions`), so the decisions are
 tested without a server.
 
 Per message, with ``exactly_once_claim="at_commit"`` (the default)::
@@ -237,6 +238,7 @@ class TransactionalStrategy(DedupTemplate):
             if verdict is _Verdict.STALE:
                 logger.debug("%r: seq %d already applied or superseded; acking", *sequence)
         if verdict is _Verdict.RUN:
+            tx.before_handler()
             status = self._handle(delivery, tx, snap)
             if status is not SUCCESS:
                 return status

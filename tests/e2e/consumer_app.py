@@ -51,6 +51,18 @@ SCHEMA = [
       shipped_times INT NOT NULL DEFAULT 0, PRIMARY KEY (run_id, order_id)) ENGINE=InnoDB""",
 ]
 
+#: The exactly-once business tables on PostgreSQL (a PostgreSQL store's handler writes there).
+PG_EO_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS e2e_eo_effects (
+      id bigserial PRIMARY KEY, run_id varchar(64) NOT NULL, biz_key varchar(128) NOT NULL,
+      pid int NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS e2e_eo_effects_run ON e2e_eo_effects (run_id)",
+    """CREATE TABLE IF NOT EXISTS e2e_eo_orders (
+      run_id varchar(64) NOT NULL, order_id varchar(64) NOT NULL, status varchar(16) NOT NULL,
+      created_times int NOT NULL DEFAULT 0, paid_times int NOT NULL DEFAULT 0,
+      shipped_times int NOT NULL DEFAULT 0, PRIMARY KEY (run_id, order_id))""",
+]
+
 #: Order steps of the exactly-once e2e flow: step -> (status it sets, column counting it).
 ORDER_STEPS = {
     1: ("created", "created_times"),
@@ -136,8 +148,10 @@ class E2EListener(DedupConcurrentListener):
 
 
 class E2EExactlyOnceListener(TransactionalDedupListener):
-    """The exactly-once listener (settings ``"mode": "exactly_once"``, MySQL store): dedups
-    on ``biz_key``; its handler writes one ``e2e_eo_effects`` row through ``conn``, and with
+    """The exactly-once listener (settings ``"mode": "exactly_once"``, the MySQL or the
+    PostgreSQL store, whose database holds the business tables): dedups on ``biz_key``; its
+    handler writes one ``e2e_eo_effects`` row through ``conn`` (a DB-API or psycopg
+    connection: the same cursor calls), and with
     ``"sequence": true`` applies the order step of a key ``<order>:<step>`` (sequence key
     ``(order, step)``) to ``e2e_eo_orders``. A key listed in ``"block"`` waits inside the
     transaction, after its writes, for as long as the file ``"gate"`` exists (the test

@@ -1,8 +1,8 @@
 """The README's quick starts (samples/quickstart_*.py), run as a user runs them: each file as a
 process against the real broker, Redis, MariaDB and PostgreSQL, configured only through the
 environment variables its docstring documents. Each environment runs the samples of its client
-(classic: Redis, MySQL, PostgreSQL and exactly-once; 5.x: Push and Simple), chosen at
-collection like conftest's client modules."""
+(classic: Redis, MySQL, PostgreSQL, and exactly-once on MySQL and on PostgreSQL; 5.x: Push and
+Simple), chosen at collection like conftest's client modules."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ SAMPLES_BY_CLIENT = {
         "quickstart_mysql",
         "quickstart_postgres",
         "quickstart_exactly_once",
+        "quickstart_exactly_once_postgres",
     ],
     "grpc": ["quickstart_grpc_push", "quickstart_grpc_simple"],
 }

@@ -27,7 +27,12 @@ from rocketmq_dedup import (
     MySQLDedupStore,
     PostgresDedupStore,
 )
-from rocketmq_dedup.errors import StoreError, StoreLockConflictError, StoreUnavailableError
+from rocketmq_dedup.errors import (
+    StoreError,
+    StoreLockConflictError,
+    StoreMisconfiguredError,
+    StoreUnavailableError,
+)
 from rocketmq_dedup.stores import make_store
 from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER, Claim
 from rocketmq_dedup.stores.postgres.connections import LibpqRunner, Runner
@@ -424,13 +429,12 @@ def test_a_factory_returning_another_drivers_connection_is_a_store_error(
     ("dsn", "shown"),
     [
         ("postgresql://dedup:dedup@127.0.0.1:1/dedup_test", "127.0.0.1:1"),
-        ("postgresql://dedup:wrong-pw@127.0.0.1:15432/dedup_test", "dedup@127.0.0.1"),
         ("postgresql://dedup:dedup@127.0.0.1:15432/no_such_db", "no_such_db"),
     ],
 )
 def test_a_wrong_address_fails_at_start_up_naming_it(dsn: str, shown: str, app_name: str) -> None:
-    """A refused port, a wrong password or database: DedupConfigError at construction, naming
-    the address and never the password; without the check, the first claim is an outage."""
+    """A refused port, a wrong database: DedupConfigError at construction, naming the address
+    and never the password; without the check, the first claim is an outage."""
     dsn = dsn.replace("15432", PG_DSN.rsplit(":", 1)[1].split("/")[0])
     with pytest.raises(DedupConfigError, match="not usable") as caught:
         DedupConfig.enable_dedup_consume_config(app_name, pg_connect(dsn, connect_timeout=3))
@@ -440,6 +444,24 @@ def test_a_wrong_address_fails_at_start_up_naming_it(dsn: str, shown: str, app_n
     )
     assert config.persist is not None
     with pytest.raises(StoreUnavailableError):
+        config.persist.claim(Claim(element(app_name), "o"), LEASE)
+
+
+def test_a_wrong_password_is_refused_at_start_up_naming_the_login(app_name: str) -> None:
+    """A wrong password (the server's 28P01, which libpq reports without a sqlstate): a
+    refusal a person must fix, not an unreachable store: DedupConfigError naming the user
+    whose login was refused, never the password; without the check, the first claim is
+    StoreMisconfiguredError, never an outage (no handler runs without dedup for it)."""
+    dsn = PG_DSN.replace("dedup:dedup@", "dedup:wrong-pw@")
+    with pytest.raises(DedupConfigError, match="refused the start-up check") as caught:
+        DedupConfig.enable_dedup_consume_config(app_name, pg_connect(dsn, connect_timeout=3))
+    assert "the PostgreSQL server refused the login of dedup" in str(caught.value)
+    assert "wrong-pw" not in str(caught.value)
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, pg_connect(dsn, connect_timeout=3), check_store=False
+    )
+    assert config.persist is not None
+    with pytest.raises(StoreMisconfiguredError, match="refused the login of dedup"):
         config.persist.claim(Claim(element(app_name), "o"), LEASE)
 
 

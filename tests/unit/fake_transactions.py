@@ -67,7 +67,11 @@ class FakeTransaction(Transaction):
         self._step("lock_sequence")
         return self.source.sequences.get(entity)
 
+    def before_handler(self) -> None:
+        self._step("before_handler")
+
     def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
+        self.source.steps.append("run_handler")
         return handler(msg, self.conn)
 
     def misuse(self) -> Optional[str]:

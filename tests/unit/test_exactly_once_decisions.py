@@ -331,6 +331,13 @@ def test_a_bad_sequence_key_is_a_key_error_without_a_transaction() -> None:
         ),
         ("commit_record", StoreError("no table"), Outcome.STORE_ERROR_LATER, "ERROR", "failed"),
         (
+            "before_handler",
+            StoreUnavailableError("down"),
+            Outcome.STORE_ERROR_LATER,
+            "WARNING",
+            "unavailable",
+        ),
+        (
             "lock_sequence",
             StoreMisconfiguredError("UPDATE command denied", "GRANT UPDATE ON t_seq"),
             Outcome.STORE_MISCONFIGURED,
@@ -357,6 +364,23 @@ def test_a_failing_step_is_told_for_what_it_is(
     assert world.db.committed == [] and world.metrics.outcomes == [outcome]
     records = [r for r in caplog.records if text in r.getMessage()]
     assert records and records[0].levelname == level
+
+
+@pytest.mark.parametrize("claim", ["at_commit", "before_handler"])
+@pytest.mark.parametrize("sequence", [None, by_step], ids=["no-entity", "entity"])
+def test_the_transaction_is_made_ready_right_before_the_handler(claim: str, sequence: Any) -> None:
+    """``before_handler`` (PostgreSQL: the BEGIN no statement carried yet) is called after the
+    key and the sequence guard, right before the handler; when it fails (an outage) the
+    handler never runs and the answer is a store error, not a failed handler."""
+    world = World(exactly_once_claim=claim)
+    listener = world.listener(sequence=sequence)
+    assert listener(ClassicMessage("order-1")) is SUCCESS
+    steps = world.db.steps
+    assert steps[steps.index("before_handler") + 1] == "run_handler"
+    world.db.fail["before_handler"] = StoreUnavailableError("down")
+    assert listener(ClassicMessage("order-2")) is LATER
+    assert listener.runs == ["order-1"]
+    assert world.metrics.outcomes == [Outcome.CONSUMED, Outcome.STORE_ERROR_LATER]
 
 
 def test_a_commit_whose_answer_was_lost_is_acked_as_the_duplicate_it_is() -> None:
@@ -396,5 +420,5 @@ def test_a_handler_that_breaks_its_transaction_is_rolled_back(
 def test_a_store_without_transactions_is_refused() -> None:
     """The memory store has no transaction port: DedupConfigError at construction."""
     config = DedupConfig("app", MemoryDedupStore())
-    with pytest.raises(DedupConfigError, match="MySQL store"):
+    with pytest.raises(DedupConfigError, match="the MySQL or PostgreSQL store"):
         Listener(config)

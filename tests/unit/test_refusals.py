@@ -1,6 +1,7 @@
 """A store's refusals a person must fix, told from outages without a server: the driver errors
-the MySQL/MariaDB and Redis stores meet (as the drivers raise them), what each becomes, and the
-fix its message names. The real servers' refusals: tests/integration/test_misconfigured_*.py."""
+the MySQL/MariaDB, PostgreSQL and Redis stores meet (as the drivers raise them), what each
+becomes, and the fix its message names. The real servers' refusals:
+tests/integration/test_misconfigured_*.py."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from typing import List
 
 import mysql.connector
 import MySQLdb
+import psycopg
 import pymysql
 import pytest
 import redis
 
 from rocketmq_dedup import (
     MySQLDedupStore,
+    PostgresDedupStore,
     RedisDedupStore,
     StoreError,
+    StoreLockConflictError,
     StoreMisconfiguredError,
     StoreUnavailableError,
 )
@@ -162,3 +166,92 @@ def test_redis_outages_stay_outages(redis_store: RedisDedupStore) -> None:
     for exc in outages:
         assert redis_store.is_outage(exc), exc
         assert isinstance(redis_store.wrap_error(exc), StoreUnavailableError), exc
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_store() -> PostgresDedupStore:
+    """A store of a factory that logs in as ``app`` (never called: no I/O here)."""
+    return PostgresDedupStore(
+        functools.partial(psycopg.connect, "postgresql://app@127.0.0.1:1/orders"),
+        "sales.t_rocketmq_dedup",
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "fix"),
+    [
+        (
+            psycopg.errors.InsufficientPrivilege("permission denied for table t_rocketmq_dedup"),
+            "the PostgreSQL user app lacks a privilege on sales.t_rocketmq_dedup: GRANT SELECT, "
+            "INSERT, UPDATE, DELETE ON sales.t_rocketmq_dedup TO app",
+        ),
+        (
+            psycopg.errors.InsufficientPrivilege(
+                "permission denied for table t_rocketmq_dedup_seq"
+            ),
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON sales.t_rocketmq_dedup_seq TO app",
+        ),
+        (
+            psycopg.errors.InsufficientPrivilege("permission denied for schema sales"),
+            "GRANT USAGE ON SCHEMA sales TO app",
+        ),
+        (
+            psycopg.errors.ReadOnlySqlTransaction(
+                "cannot execute INSERT in a read-only transaction"
+            ),
+            "takes no writes (a hot standby, or default_transaction_read_only",
+        ),
+        (
+            psycopg.OperationalError(
+                'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
+                'FATAL:  password authentication failed for user "app"'
+            ),
+            "the PostgreSQL server refused the login of app",
+        ),
+        (
+            psycopg.OperationalError(
+                'connection failed: FATAL:  no pg_hba.conf entry for host "10.0.0.7", user "app"'
+            ),
+            "refused the login of app",
+        ),
+        (
+            psycopg.OperationalError(
+                'connection failed: FATAL:  permission denied for database "orders"'
+            ),
+            "GRANT CONNECT ON DATABASE orders TO app",
+        ),
+    ],
+    ids=["table", "sequence-table", "schema", "read-only", "password", "pg_hba", "connect"],
+)
+def test_postgres_refusals_are_misconfigurations_naming_the_fix(
+    pg_store: PostgresDedupStore, error: Exception, fix: str
+) -> None:
+    """42501, 25006 (psycopg's classes carry the sqlstate) and the login failures libpq reports
+    without one: StoreMisconfiguredError naming the fix, never an outage."""
+    wrapped = pg_store.wrap_error(error)
+    assert isinstance(wrapped, StoreMisconfiguredError), wrapped
+    assert fix in wrapped.fix
+    assert not pg_store.is_outage(error)
+
+
+def test_postgres_outages_lock_conflicts_and_defects_stay_what_they_were(
+    pg_store: PostgresDedupStore,
+) -> None:
+    """A refused connection and a server shutting down are outages; a deadlock a lock
+    conflict; a missing table and a syntax error defects."""
+    down = psycopg.OperationalError(
+        'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused'
+    )
+    shutdown = psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+    assert type(pg_store.wrap_error(down)) is StoreUnavailableError
+    assert type(pg_store.wrap_error(shutdown)) is StoreUnavailableError
+    deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
+    assert type(pg_store.wrap_error(deadlock)) is StoreLockConflictError
+    for defect in (
+        psycopg.errors.UndefinedTable('relation "t_rocketmq_dedup" does not exist'),
+        psycopg.errors.SyntaxError("syntax error"),
+    ):
+        assert type(pg_store.wrap_error(defect)) is StoreError

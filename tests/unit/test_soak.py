@@ -75,6 +75,29 @@ def test_faults_cover_every_kind_while_messages_flow() -> None:
     assert [f.at_s for f in schedule] == sorted(f.at_s for f in schedule)
 
 
+def test_a_postgres_mode_adds_its_kill_and_leaves_every_other_run_as_it_was() -> None:
+    """With the PostgreSQL store's kill the schedule has one fault more, still in the window,
+    the broker restart last; without it (every run without a PostgreSQL mode) the schedule is
+    the one it always was, fault for fault."""
+    with_pg = faults(100.0, seed=3, stores=("redis_kill", "mysql_kill", "postgres_kill"))
+    kinds = Counter(f.kind for f in with_pg)
+    assert kinds == {
+        "sigkill": 3, "redis_kill": 1, "mysql_kill": 1, "postgres_kill": 1, "broker_restart": 1
+    }  # fmt: skip
+    assert all(10.0 <= f.at_s <= 90.0 for f in with_pg) and with_pg[-1].kind == "broker_restart"
+    assert faults(100.0, seed=3) == faults(100.0, seed=3, stores=("redis_kill", "mysql_kill"))
+
+
+def test_soak_modes_default_to_those_of_the_projects_servers() -> None:
+    """The default modes (and so the quick run's) leave exactly-once-postgres out: it is run
+    by name (--modes), and starts a PostgreSQL of its own."""
+    from bench.soak.run import DEFAULT_MODES, MODES, POSTGRES_MODES, STORE_KILL
+
+    assert set(DEFAULT_MODES) < set(MODES)
+    assert set(MODES) - set(DEFAULT_MODES) == set(POSTGRES_MODES) == {"exactly-once-postgres"}
+    assert STORE_KILL["exactly-once-postgres"] == "postgres_kill"
+
+
 def test_parse_events_reads_both_line_shapes_and_skips_a_torn_line() -> None:
     """Lines with a thread id and without (older files) are read; a line cut by a SIGKILL is
     skipped; a detail's fields are read by name."""

@@ -13,15 +13,12 @@ ends.
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 from rocketmq_dedup.stores.mysql.connection import Runner
 from rocketmq_dedup.stores.mysql.errors import is_lock_conflict
 from rocketmq_dedup.stores.mysql.sql import PURGE_SCAN_SQL, PURGE_SQL
-from rocketmq_dedup.stores.purge import PurgeBatch, PurgeSession
-
-logger = logging.getLogger(__name__)
+from rocketmq_dedup.stores.purge import PurgeBatch, PurgeSession, purge_batch
 
 #: Seconds a purge DELETE waits for a row lock a consumer holds before it gives way.
 PURGE_LOCK_WAIT_S = 2
@@ -47,20 +44,12 @@ def purge_step(
     count them). A DELETE that meets a consumer's lock (a deadlock, a lock wait timeout)
     deletes nothing."""
     rows = runner.run(PURGE_SCAN_SQL.format(table=table), (after, batch_size), True)
-    expired = [bytes(key) for key, overdue in rows if overdue >= 0]
-    oldest = max((int(overdue) for _, overdue in rows), default=0)
-    count = len(expired)
-    if expired and not dry_run:
-        sql = PURGE_SQL.format(table=table, marks=", ".join(["%s"] * len(expired)))
-        try:
-            count = int(runner.run(sql, expired, False))
-        except Exception as exc:
-            if not is_lock_conflict(exc):
-                raise
-            logger.debug("purge of %s gave way to a consumer's lock: %s", table, exc)
-            count = 0
-    last = bytes(rows[-1][0]) if rows else after
-    return PurgeBatch(count, len(rows), last, max(0, oldest))
+
+    def delete(keys: List[bytes]) -> int:
+        sql = PURGE_SQL.format(table=table, marks=", ".join(["%s"] * len(keys)))
+        return int(runner.run(sql, keys, False))
+
+    return purge_batch(rows, delete, is_lock_conflict, after, dry_run)
 
 
 class MySQLPurgeSession(PurgeSession):
@@ -94,15 +83,9 @@ class MySQLPurgeSession(PurgeSession):
             self.close()
             raise
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise self._wrap(exc) from exc
-
     def _run(self, sql: str, params: Any, fetch: bool) -> Any:
         if self._runner is None:
-            raise self._wrap(RuntimeError("the purge session is closed"))
+            raise self._closed()
         return self._call(self._runner.run, sql, params, fetch)
 
     def try_lock(self) -> bool:
@@ -115,7 +98,7 @@ class MySQLPurgeSession(PurgeSession):
 
     def purge_batch(self, after: bytes, batch_size: int) -> PurgeBatch:
         if self._runner is None:
-            raise self._wrap(RuntimeError("the purge session is closed"))
+            raise self._closed()
         batch: PurgeBatch = self._call(purge_step, self._runner, self._table, after, batch_size)
         return batch
 

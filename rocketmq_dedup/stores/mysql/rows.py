@@ -1,13 +1,12 @@
 """The values of the rows :mod:`.sql` defines: a record's key and readable columns, an entity's
-key in the sequence table, a key's named lock. Shared by the store and its transactions."""
+key, a key's named lock. Shared by the store and its transactions."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
 from typing import Any, List
 
-from rocketmq_dedup.message import DedupElement, encode_text
+from rocketmq_dedup.message import DedupElement
 
 
 def readable(text: str) -> str:
@@ -24,18 +23,9 @@ def record_row(element: DedupElement, digest: bytes) -> List[Any]:
     return [digest, readable(app), readable(topic), readable(tag), readable(key)]
 
 
-def entity_digest(application: str, entity: str) -> bytes:
-    """The sequence table's key: SHA-256 of the length-prefixed (application, entity)."""
-    parts = []
-    for field in (application, entity):
-        data = encode_text(field)
-        parts += [len(data).to_bytes(8, "big"), data]
-    return hashlib.sha256(b"".join(parts)).digest()
-
-
 def lock_name(digest: bytes) -> str:
     """The named lock (``GET_LOCK``) of a record key: 58 characters (the server takes 64)."""
     return "rocketmq_dedup:" + base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
 
 
-__all__ = ["entity_digest", "lock_name", "readable", "record_row"]
+__all__ = ["lock_name", "readable", "record_row"]

@@ -82,6 +82,7 @@ from rocketmq_dedup.stores.postgres.connections import is_psycopg_connection
 from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
+    SqlTables,
     deletable,
     detached_connections,
     latency,
@@ -123,7 +124,7 @@ def describe_factory(connect: Callable[[], Any]) -> str:
     return f"{user}@{where}/{database or ''}" if user else f"{where}/{database or ''}"
 
 
-class MySQLDedupStore(DedupStore):
+class MySQLDedupStore(SqlTables, DedupStore):
     """Dedup records in a MySQL/MariaDB table.
 
     :param connect: a zero-argument callable returning a new DB-API connection (mysqlclient,
@@ -149,6 +150,7 @@ class MySQLDedupStore(DedupStore):
 
     #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
     proves_writes = True
+    longest_name = "64 characters"
 
     def __init__(
         self,
@@ -183,8 +185,6 @@ class MySQLDedupStore(DedupStore):
         self._account: Optional[str] = None
         keywords = connect.keywords if isinstance(connect, functools.partial) else {}
         self._database: Optional[str] = keywords.get("database", keywords.get("db"))
-        #: The application whose write check waits for the table (:meth:`create_table`).
-        self._unproven: Optional[str] = None
         self._pool = ConnectionPool(self._open_runner, pool_size, pool_timeout, self.describe)
         self._op = self._pool.run
         self.defer_marks_ms = check_defer_ms(defer_marks_ms)
@@ -329,16 +329,7 @@ class MySQLDedupStore(DedupStore):
         ``sequence_key`` is used."""
         for statement in schema_statements(self.table_name):
             self._call(self._op, self._run, statement, ())
-        if self.sequence_table_name is None:
-            logger.warning(
-                "%s: no sequence table (%s_seq would be longer than 64 characters); "
-                "the exactly-once mode's sequence guard is unavailable",
-                self._description,
-                self.table_name,
-            )
-        application, self._unproven = self._unproven, None
-        if application is not None:  # the start-up check ran before the table existed
-            self.prove_writes(application)
+        self.tables_created()
 
     def purge_expired(
         self,
@@ -379,21 +370,8 @@ class MySQLDedupStore(DedupStore):
         if database is not None:
             self._database = str(column_text(database))
 
-    def do_prove_writes(self, claims: List[Claim]) -> None:
-        """The probe (INSERT, UPDATE, SELECT and DELETE on the table), or, when the table does
-        not exist yet (the quick start creates it after the config), the same in
-        :meth:`create_table` once it has made it."""
-        try:
-            super().do_prove_writes(claims)
-        except Exception as exc:
-            if error_code(exc) != NO_SUCH_TABLE:
-                raise
-            self._unproven = claims[0].element.application
-            logger.info(
-                "%s: the table does not exist yet; create_table() checks the writes once it "
-                "has made it",
-                self._description,
-            )
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return error_code(exc) == NO_SUCH_TABLE
 
     @staticmethod
     def _row(claim: Claim, digest: bytes, ms: int) -> List[Any]:

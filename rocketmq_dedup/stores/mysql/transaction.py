@@ -46,7 +46,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from rocketmq_dedup.errors import StoreError, TransactionMisuseError
 from rocketmq_dedup.message import DedupElement, element_digest
@@ -63,7 +63,7 @@ from rocketmq_dedup.stores.mysql.connection import (
 from rocketmq_dedup.stores.mysql.errors import DUPLICATE_ENTRY, as_store_error, error_code
 from rocketmq_dedup.stores.mysql.handler_connection import HandlerConnection
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
-from rocketmq_dedup.stores.mysql.rows import entity_digest, lock_name, readable, record_row
+from rocketmq_dedup.stores.mysql.rows import lock_name, readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
     AUTOCOMMIT_SQL,
     KEY_LOCK_SQL,
@@ -77,6 +77,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     SEQUENCE_SET_SQL,
     quote_table,
 )
+from rocketmq_dedup.stores.sql_transaction import RECONNECTED, SqlTransaction
 from rocketmq_dedup.stores.transaction import (
     Entity,
     KeyClaim,
@@ -87,10 +88,7 @@ from rocketmq_dedup.stores.transaction import (
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-#: How a session that changed under the transaction, or went into autocommit mode, is told.
-_RECONNECTED = "lost the session its transaction began on (a reconnect)"
+#: How a session that went into autocommit mode is told.
 _AUTOCOMMIT = "switched its session to autocommit mode (SET autocommit = 1)"
 _COMMIT: Tuple[str, Sequence[Any]] = ("COMMIT", ())
 _ROLLBACK: Tuple[str, Sequence[Any]] = ("ROLLBACK", ())
@@ -205,16 +203,15 @@ class MySQLTransactions(TransactionSource):
         self.pool.close()
 
 
-class MySQLTransaction(Transaction):
-    """The steps of the port on MySQL (module docstring); subclasses run the statements on a
-    DB-API connection or a SQLAlchemy one."""
+class MySQLTransaction(SqlTransaction):
+    """The steps of the port on MySQL (module docstring; the rules around them:
+    :class:`~rocketmq_dedup.stores.sql_transaction.SqlTransaction`); subclasses run the
+    statements on a DB-API connection or a SQLAlchemy one."""
 
     def __init__(self, source: MySQLTransactions) -> None:
+        super().__init__(source.wrap)
         self.source = source
         self.sql = source.sql
-        self.broken = False  # a statement or the handler raised: never reuse the connection
-        self.misused: Optional[str] = None  # how the handler broke the transaction
-        self._open = True  # neither committed nor rolled back yet
         self._lock: Optional[str] = None  # the key's named lock, while this session holds it
 
     # -- driver-specific ------------------------------------------------------------------
@@ -229,106 +226,18 @@ class MySQLTransaction(Transaction):
         """Run ``statements``, COMMIT, then the named lock's release (if held)."""
 
     @abc.abstractmethod
-    def _rollback(self) -> None:
-        """ROLLBACK, then the named lock's release (if held)."""
-
-    @abc.abstractmethod
     def _session_changed(self) -> Optional[str]:
         """How the connection left the session the transaction began on, if it did (a
         reconnect, a closed or ended transaction), without a round trip."""
 
-    @abc.abstractmethod
-    def _session_misuse(self) -> Optional[str]:
-        """How the connection's session is unfit to commit (:meth:`_session_changed`, or
-        autocommit mode), if it is: the handler's doing, or a driver's silent reconnect."""
+    def _commit(self) -> None:
+        self._commit_after([])
 
-    @abc.abstractmethod
-    def _guard(self) -> None:
-        """Start refusing the calls that end or reconfigure the transaction."""
-
-    @abc.abstractmethod
-    def _unguard(self) -> None: ...
-
-    @abc.abstractmethod
-    def _give_back(self, fit: bool) -> None:
-        """Give the connection back (``fit``) or discard it."""
-
-    # -- the port ---------------------------------------------------------------------------
-
-    def claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
-        return self._io(self._claim_key, element, entity)
-
-    def lock_sequence(self, entity: Entity) -> Optional[int]:
-        return self._io(self._lock_sequence, entity)
-
-    def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
-        self._guard()
-        try:
-            return handler(msg, self.conn)
-        except BaseException:
-            self.broken = True  # it may have left the connection mid-result
-            raise
-        finally:
-            self._unguard()
-
-    def misuse(self) -> Optional[str]:
-        if self.misused is None:
-            self.misused = self._io(self._session_misuse)
-        return self.misused
-
-    def commit_record(
-        self,
-        element: DedupElement,
-        owner: str,
-        retention_ms: int,
-        applied: Optional[SequenceStep] = None,
-    ) -> Optional[Record]:
-        return self._io(self._commit_record, element, owner, retention_ms, applied)
-
-    def commit(self) -> None:
-        self._io(self._commit_after, [])
-        self._open = False
-
-    def close(self) -> None:
-        if self._open:
-            try:
-                self._rollback()
-            except BaseException:
-                self.broken = True  # the server rolls back and frees the lock when the session
-                logger.debug("rollback failed; the connection will be discarded", exc_info=True)
-        self._open = False
-        fit = not self.broken and self.misused is None and self._lock is None
-        try:
-            self._give_back(fit)
-        except Exception:
-            logger.debug("giving a transaction's connection back failed", exc_info=True)
+    def _fit(self) -> bool:
+        """Not while the session may still hold the key's named lock."""
+        return super()._fit() and self._lock is None
 
     # -- the steps ---------------------------------------------------------------------------
-
-    def refuse(self, what: str) -> None:
-        """Called by the guards: record the misuse and raise it into the handler."""
-        if self.misused is None:
-            self.misused = f"called {what} on its connection"
-        raise TransactionMisuseError(
-            f"do_handle_msg called {what} on its connection: the listener ends the message's "
-            "transaction itself (return True to commit, False or raise to roll back), and the "
-            "connection is in use until then"
-        )
-
-    def _io(self, step: Callable[..., T], *args: Any) -> T:
-        """Run a step of the dedup layer; a driver error is wrapped once, and the connection
-        is not reused after any error."""
-        try:
-            return step(*args)
-        except (StoreError, TransactionMisuseError):
-            self.broken = True
-            raise
-        except Exception as exc:
-            self.broken = True
-            raise self.source.wrap(exc) from exc
-        except BaseException:
-            self.broken = True
-            raise
 
     def _claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
         """The named lock first; once held, [the entity's row,] then the record (module
@@ -354,7 +263,7 @@ class MySQLTransaction(Transaction):
 
     def _sequence_lock(self, entity: Entity) -> Statements:
         """Lock the entity's row (creating it when new), then read it."""
-        digest = entity_digest(*entity)
+        digest = entity.digest()
         return [
             (self.sql.seq_lock, (digest, readable(entity.application), readable(entity.name))),
             (self.sql.seq_read, (digest,)),
@@ -377,8 +286,7 @@ class MySQLTransaction(Transaction):
         insert = (self.sql.insert, (*record_row(element, digest), owner, retention_ms))
         statements: List[Tuple[str, Sequence[Any]]] = []
         if applied is not None:
-            (app, entity), seq = applied
-            statements.append((self.sql.seq_set, (seq, entity_digest(app, entity))))
+            statements.append((self.sql.seq_set, (applied.seq, applied.entity.digest())))
         statements.append(insert)
         for attempt in (1, 2):
             try:
@@ -429,7 +337,7 @@ class DbapiTransaction(MySQLTransaction):
 
     def _session_changed(self) -> Optional[str]:
         if not self._runner.same_session():
-            return _RECONNECTED
+            return RECONNECTED
         return None
 
     def _session_misuse(self) -> Optional[str]:
@@ -445,12 +353,6 @@ class DbapiTransaction(MySQLTransaction):
             rows = runner.run(AUTOCOMMIT_SQL, (), True)
             autocommit = bool(rows and int(rows[0][0]))
         return _AUTOCOMMIT if autocommit else None
-
-    def _guard(self) -> None:
-        pass  # the proxy refuses at all times
-
-    def _unguard(self) -> None:
-        pass
 
     def _give_back(self, fit: bool) -> None:
         runner = self._runner
@@ -530,7 +432,7 @@ class SqlAlchemyTransaction(MySQLTransaction):
         if conn.closed:
             return "closed its connection"
         if conn.invalidated or session_id(self._dbapi()) != self._session:
-            return _RECONNECTED
+            return RECONNECTED
         return None
 
     def _session_misuse(self) -> Optional[str]:
@@ -543,12 +445,12 @@ class SqlAlchemyTransaction(MySQLTransaction):
         return _AUTOCOMMIT if autocommit_on(self._dbapi()) else None
 
     def _guard(self) -> None:
-        from rocketmq_dedup.stores.mysql.sqlalchemy_guard import guard
+        from rocketmq_dedup.stores.sqlalchemy_guard import guard
 
         guard(self.conn, self.refuse)
 
     def _unguard(self) -> None:
-        from rocketmq_dedup.stores.mysql.sqlalchemy_guard import unguard
+        from rocketmq_dedup.stores.sqlalchemy_guard import unguard
 
         unguard(self.conn)
 

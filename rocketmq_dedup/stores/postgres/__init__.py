@@ -25,9 +25,23 @@ The same contract and the same row as the MySQL store (:mod:`rocketmq_dedup.stor
   found. A lost connection is replaced and the operation retried once.
 * Errors: psycopg's ``OperationalError`` family is an outage
   (:class:`~rocketmq_dedup.errors.StoreUnavailableError`), but a lock wait or a deadlock
-  (:data:`.connections.LOCK_CONFLICTS`) is not; a pool without a free connection in time is
+  (:data:`.connections.LOCK_CONFLICTS`) is not, nor a refusal a person must fix (:mod:`.errors`:
+  a missing privilege, a read-only server, a refused login:
+  :class:`~rocketmq_dedup.errors.StoreMisconfiguredError` naming the GRANT, the server or the
+  login); a pool without a free connection in time is
   :class:`~rocketmq_dedup.errors.StorePoolExhaustedError` (not an outage); anything else, e.g. a
-  missing table (named as such), a :class:`~rocketmq_dedup.errors.StoreError`.
+  missing table (named as such), a :class:`~rocketmq_dedup.errors.StoreError`. The start-up
+  check proves the writes with probe records.
+* Exactly-once mode (:mod:`rocketmq_dedup.transactional`): the store's ``transactions``
+  (:class:`~.transaction.PostgresTransactions`, the port of
+  :mod:`rocketmq_dedup.stores.transaction`), the record sent with the COMMIT in one pipeline;
+  the sequence table ``<table>_seq`` created with the dedup table.
+
+Modules, by concern: :mod:`.sql` (statements and tables), :mod:`.records` (the rows' values),
+:mod:`.errors` (what a driver error means), :mod:`.connections` (sources, prepared connections,
+runners), :mod:`.store`, :mod:`.purge` (a purge batch and the purger's session),
+:mod:`.pipeline` (statements in one round trip) and :mod:`.transaction` (the exactly-once
+port).
 """
 
 from rocketmq_dedup.stores.postgres.connections import (

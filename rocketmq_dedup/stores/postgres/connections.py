@@ -27,10 +27,11 @@ prepared statement either way.
 
 Outages (:func:`is_outage`): psycopg's ``OperationalError`` family (connection refused or lost,
 the server shutting down or out of connections), except a pool's timeout (:func:`is_pool_timeout`:
-the pool is busy, not the server down) and what a working server answers to statements that
+the pool is busy, not the server down), what a working server answers to statements that
 met each other (:data:`LOCK_CONFLICTS`: a deadlock, a serialization failure, a lock wait ended
-by ``lock_timeout`` or ``statement_timeout``). Those are store errors: the message is consumed
-later, never run without dedup.
+by ``lock_timeout`` or ``statement_timeout``), and its refusals (:mod:`.errors`: a failed
+login, a missing privilege, a read-only server). Those are store errors: the message is
+consumed later, never run without dedup.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, T
 
 from rocketmq_dedup.errors import MissingExtraError, StoreError
 from rocketmq_dedup.stores.pool import BoundedPool
+from rocketmq_dedup.stores.postgres.errors import refusal
 
 logger = logging.getLogger(__name__)
 
@@ -111,12 +113,15 @@ def is_lock_conflict(exc: BaseException) -> bool:
 
 
 def is_outage(exc: BaseException) -> bool:
-    """True if ``exc`` means the server or the connection failed (module docstring)."""
+    """True if ``exc`` means the server or the connection failed (module docstring): never a
+    refusal a person must fix (:func:`~.errors.refusal`: a failed login, a missing privilege, a
+    read-only server)."""
     psycopg = import_psycopg()
     return (
         isinstance(exc, psycopg.OperationalError)
         and not _module(type(exc)).startswith("psycopg_pool")
         and not is_lock_conflict(exc)
+        and refusal(exc) is None
     )
 
 

@@ -11,7 +11,7 @@ takeover and the one reported to the caller are the same instant.
 from __future__ import annotations
 
 import re
-from typing import List
+from typing import Dict, List, Optional
 
 from rocketmq_dedup.errors import DedupConfigError
 
@@ -152,12 +152,11 @@ SELECT_SQL = (
 
 # -- purge -----------------------------------------------------------------------------------------
 # The purge's scan: the next batch of keys after a key, in primary-key order (bytea compares
-# bytewise), each with whether it has expired on the server's clock.
+# bytewise), each with how long ago it expired on the server's clock (ms; negative: live).
 PURGE_SCAN_SQL = (
-    f"SELECT dedup_key, expire_time <= {NOW} FROM {{table}} "
-    "WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
+    f"SELECT dedup_key, floor(extract(epoch FROM {NOW} - expire_time) * 1000)::bigint "
+    "FROM {table} WHERE dedup_key > %s ORDER BY dedup_key LIMIT %s"
 )
-# Deletes the listed rows that are still expired (one may have been taken over since the scan).
 PURGE_SQL = f"DELETE FROM {{table}} WHERE dedup_key = ANY(%s::bytea[]) AND expire_time <= {NOW}"
 
 # -- operators (rocketmq-dedup check, release, stats) ---------------------------------------------
@@ -185,17 +184,111 @@ SELECT a.attname, COALESCE(a.attnum = ANY(i.indkey), false)
 FROM pg_attribute a
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
 WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped"""
-# Whether the session's user may do what the store does on the table (each privilege: given a
-# list, has_table_privilege answers whether any of them is held). Parameter: the quoted name.
+# Whether the session's user may do what the store does on the table: one column per privilege
+# (rocketmq_dedup.stores.postgres.errors.PRIVILEGES), and the user. Parameter: the quoted name.
 PRIVILEGES_SQL = (
     "SELECT "
-    + " AND ".join(
-        f"has_table_privilege(t, '{p}')" for p in ("SELECT", "INSERT", "UPDATE", "DELETE")
-    )
-    + " FROM to_regclass(%s) AS t"
+    + ", ".join(f"has_table_privilege(t, '{p}')" for p in ("SELECT", "INSERT", "UPDATE", "DELETE"))
+    + ", current_user FROM to_regclass(%s) AS t"
 )
+# The in-process purger's session: its purge lock is a session-level advisory lock whose 64-bit
+# key is (PURGE_LOCK_CLASS << 32) + the table's oid (rocketmq_dedup.stores.postgres.purge).
+# Parameter: the quoted table name; NULL when there is no such table.
+TABLE_OID_SQL = "SELECT to_regclass(%s)::oid::bigint"
+PURGE_TRY_LOCK_SQL = "SELECT pg_try_advisory_lock(%s::bigint)"
+# Who holds it (pg_locks shows a bigint key as its high and low 32 bits). Parameters (high, low).
+PURGE_LOCK_HOLDER_SQL = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::oid "
+    "AND objid = %s::oid AND objsubid = 1 AND granted"
+)
+# A purge DELETE gives way to a consumer's row lock within this long (the next pass takes those
+# rows), on the purger's own session.
+PURGE_SESSION_SQL = "SET lock_timeout = '2s'"
 VERSION_SQL = "SELECT current_setting('server_version'), current_setting('server_encoding')"
 CHECK_SQL = "SELECT 1"
+# The session's user (what a refusal's GRANT names).
+USER_SQL = "SELECT current_user"
+
+
+# -- exactly-once mode (rocketmq_dedup.transactional) --------------------------------------------
+# Statements of the message transactions (rocketmq_dedup.stores.postgres.transaction), sent
+# through libpq in pipelines: ``%s`` placeholders become ``$1``, ``$2``... there.
+
+#: The sequence table is named after the dedup table: ``<table>_seq``.
+SEQUENCE_TABLE_SUFFIX = "_seq"
+
+SEQUENCE_SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  entity_key       bytea        NOT NULL,
+  application_name varchar(255) NOT NULL,
+  entity           varchar(255) NOT NULL,
+  last_seq         bigint       NULL,
+  PRIMARY KEY (entity_key)
+)"""
+
+#: The comments of the sequence table's columns.
+SEQUENCE_COLUMN_COMMENTS = {
+    "entity_key": "SHA-256 of (application, entity)",
+    "application_name": "first 255 characters, for operators",
+    "entity": "first 255 characters, for operators",
+    "last_seq": "last sequence number applied; NULL: none yet",
+}
+
+# The entity's row, locked until the end of the transaction (created when new), and its last
+# applied number. One statement: ON CONFLICT DO UPDATE waits for a row another transaction
+# holds, then locks and returns the latest committed version (READ COMMITTED), so a step that
+# waited for its entity reads what the step before it committed. Parameters (entity key,
+# application, entity); one row (last_seq).
+SEQUENCE_LOCK_SQL = """\
+INSERT INTO {table} AS s (entity_key, application_name, entity, last_seq)
+VALUES (%s, %s, %s, NULL)
+ON CONFLICT (entity_key) DO UPDATE SET last_seq = s.last_seq
+RETURNING s.last_seq"""
+# Parameters (seq, entity key).
+SEQUENCE_SET_SQL = "UPDATE {table} SET last_seq = %s WHERE entity_key = %s"
+
+# The CONSUMED record, written in the business transaction and sent with its COMMIT (one
+# pipeline). It must FAIL when a live record of another attempt is in the way, so that the
+# COMMIT after it is never run (PostgreSQL aborts a transaction at its failed statement): an
+# INSERT ... ON CONFLICT DO NOTHING would not fail, and would let the business writes commit
+# beside another copy's record. The upsert takes over an expired record in the same statement
+# (DO UPDATE ... WHERE expired) and returns a row only when it wrote one; 1 / count(*) then
+# fails with division_by_zero (22012) when it wrote none: a live record refused it. A copy
+# whose row another transaction is inserting waits for that transaction's end: its commit
+# refuses this one, its rollback lets it write. Parameters (key, application, topic, tag, key
+# text, owner, retention ms).
+RECORD_COMMIT_SQL = f"""\
+WITH written AS (
+  INSERT INTO {{table}} AS r ({COLUMNS})
+  VALUES (%s, %s, %s, %s, %s, 'CONSUMED', %s, {_EXPIRY})
+  ON CONFLICT (dedup_key) DO UPDATE SET
+    status = 'CONSUMED', owner_token = EXCLUDED.owner_token, expire_time = EXCLUDED.expire_time
+  WHERE {_TAKEN_OVER}
+  RETURNING 1
+)
+SELECT 1 / count(*) FROM written"""
+#: The sqlstate of :data:`RECORD_COMMIT_SQL` refused (division_by_zero), recognised from that
+#: statement only.
+RECORD_REFUSED = "22012"
+
+# The key's live record: status, owner, ms left. Parameter: the key.
+RECORD_READ_SQL = (
+    f"SELECT status, owner_token, {_LEFT_MS} FROM {{table}} "
+    f"WHERE dedup_key = %s AND expire_time > {NOW}"
+)
+
+# claim="before_handler": the key's advisory lock, taken without waiting (true: taken; false:
+# another transaction holds it), freed at the end of the transaction (a killed consumer's with
+# its session). Parameter: the lock's 64-bit key (rocketmq_dedup.stores.postgres.transaction).
+KEY_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s::bigint)"
+
+
+def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> Optional[str]:
+    """The sequence table of the dedup table ``table_name`` (same schema); None when
+    ``<table>_seq`` would be longer than an identifier may be (a table name of 60-63 bytes: the
+    exactly-once mode then has no sequence guard)."""
+    name = validate_table_name(table_name) + SEQUENCE_TABLE_SUFFIX
+    return name if _TABLE_NAME_RE.match(name) and len(name.encode()) <= 127 else None
 
 
 def validate_table_name(name: str) -> str:
@@ -214,11 +307,20 @@ def quote_table(table_name: str) -> str:
 
 
 def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
-    """The statements that create the dedup table if it does not exist, and comment its
-    columns: what ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
-    table = quote_table(validate_table_name(table_name))
-    comments = [
-        f"COMMENT ON COLUMN {table}.{column} IS '{text}'"
-        for column, text in COLUMN_COMMENTS.items()
+    """The statements that create, if they do not exist, every table the store uses, and
+    comment their columns: the dedup table, and the exactly-once mode's sequence table when its
+    name fits (:func:`sequence_table_name`; it stays empty unless that mode's ``sequence_key``
+    is used). What ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
+    statements = _table_statements(table_name, SCHEMA_SQL, COLUMN_COMMENTS)
+    sequence = sequence_table_name(table_name)
+    if sequence is not None:
+        statements += _table_statements(sequence, SEQUENCE_SCHEMA_SQL, SEQUENCE_COLUMN_COMMENTS)
+    return statements
+
+
+def _table_statements(name: str, schema: str, comments: Dict[str, str]) -> List[str]:
+    table = quote_table(validate_table_name(name))
+    return [
+        schema.format(table=table),
+        *(f"COMMENT ON COLUMN {table}.{column} IS '{text}'" for column, text in comments.items()),
     ]
-    return [SCHEMA_SQL.format(table=table), *comments]

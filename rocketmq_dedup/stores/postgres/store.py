@@ -10,6 +10,7 @@ from rocketmq_dedup.errors import (
     DedupConfigError,
     StoreError,
     StoreLockConflictError,
+    StoreMisconfiguredError,
     StorePoolExhaustedError,
     StoreUnavailableError,
 )
@@ -32,13 +33,17 @@ from rocketmq_dedup.stores.postgres.connections import (
     OwnConnections,
     Runner,
     UserPoolConnections,
+    close_quietly,
     import_psycopg,
     is_pool_timeout,
     is_psycopg_connection,
     is_psycopg_pool,
     is_undefined_table,
+    prepare_connection,
     type_name,
 )
+from rocketmq_dedup.stores.postgres.errors import PRIVILEGES, explain, refusal
+from rocketmq_dedup.stores.postgres.purge import PostgresPurgeSession, purge_step
 from rocketmq_dedup.stores.postgres.records import (
     claim_columns,
     claim_row,
@@ -60,21 +65,24 @@ from rocketmq_dedup.stores.postgres.sql import (
     MARK_UPSERT_SQL,
     OLDEST_CONSUMED_SQL,
     PRIVILEGES_SQL,
-    PURGE_SCAN_SQL,
-    PURGE_SQL,
     RELEASE_MANY_SQL,
     RELEASE_SQL,
     RENEW_MANY_SQL,
     REQUIRED_COLUMNS,
     SELECT_SQL,
     STATS_SQL,
+    USER_SQL,
     VERSION_SQL,
     quote_table,
     schema_statements,
+    sequence_table_name,
     validate_table_name,
 )
+from rocketmq_dedup.stores.postgres.transaction import PostgresTransactions
+from rocketmq_dedup.stores.purge import PurgeBatch
 from rocketmq_dedup.stores.sql_common import (
     PurgeStep,
+    SqlTables,
     deletable,
     detached_connections,
     is_sqlalchemy_engine,
@@ -108,6 +116,29 @@ def describe_conninfo(conninfo: str, keywords: Dict[str, Any]) -> str:
     return f"{user}@{where}/{database}" if user else f"{where}/{database}"
 
 
+def configured_user(source: Any) -> Optional[str]:
+    """The user a source logs in as, from its connection string or keywords (a
+    ``functools.partial`` of ``psycopg.connect``, a psycopg_pool pool, an engine's URL); None
+    when it cannot be read. The start-up check asks the server (``current_user``)."""
+    try:
+        if is_psycopg_pool(source):
+            conninfo, keywords = str(source.conninfo or ""), dict(source.kwargs or {})
+        elif isinstance(source, functools.partial):
+            positional = source.args[0] if source.args and isinstance(source.args[0], str) else ""
+            keywords = {k: v for k, v in source.keywords.items() if k != "conninfo"}
+            conninfo = str(source.keywords.get("conninfo", positional))
+        elif is_sqlalchemy_engine(source):
+            return source.url.username or None
+        else:
+            return None
+        from psycopg.conninfo import conninfo_to_dict
+
+        user = conninfo_to_dict(conninfo, **keywords).get("user")
+    except Exception:  # a malformed string fails at connect time, with the driver's message
+        return None
+    return str(user) if user else None
+
+
 def describe_source(source: Any) -> str:
     """Where a factory or a psycopg_pool pool connects, for messages."""
     if is_psycopg_pool(source):
@@ -122,7 +153,7 @@ def describe_source(source: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-class PostgresDedupStore(DedupStore):
+class PostgresDedupStore(SqlTables, DedupStore):
     """Dedup records in a PostgreSQL table (the ``[postgres]`` extra: psycopg 3).
 
     :param source: where connections come from: a zero-argument callable returning a new
@@ -138,6 +169,10 @@ class PostgresDedupStore(DedupStore):
         run without dedup); a psycopg_pool pool's own ``timeout`` applies to it.
     """
 
+    #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
+    proves_writes = True
+    longest_name = "63 bytes"
+
     def __init__(
         self,
         source: Any,
@@ -147,9 +182,15 @@ class PostgresDedupStore(DedupStore):
     ) -> None:
         import_psycopg()  # the [postgres] extra, named now rather than at the first message
         self.table_name = validate_table_name(table_name)
-        table = quote_table(self.table_name)
-        hot = HotStatements(CLAIM_SQL.format(table=table), MARK_SQL.format(table=table))
+        self._table = table = quote_table(self.table_name)
+        self._hot = hot = HotStatements(CLAIM_SQL.format(table=table), MARK_SQL.format(table=table))
         self.engine: Any = None
+        #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
+        #: be too long (a table name of 60-63 bytes): the mode then runs without one.
+        self.sequence_table_name: Optional[str] = sequence_table_name(self.table_name)
+        #: The user a refusal's GRANT names: the configured one, then what the server reported
+        #: to the last check.
+        self._user: Optional[str] = configured_user(source)
         if is_psycopg_pool(source):
             if pool_size is not None or pool_timeout is not None:
                 raise DedupConfigError(
@@ -159,8 +200,15 @@ class PostgresDedupStore(DedupStore):
             where = describe_source(source)
             self._description = f"PostgreSQL {where} table {self.table_name}"
             self.connections: Connections = UserPoolConnections(source, hot, self._description)
+            self._connect: Callable[[], Any] = functools.partial(
+                import_psycopg().connect, str(source.conninfo or ""), **dict(source.kwargs or {})
+            )
+            transactions = PostgresTransactions(
+                self.table_name, self.sequence_table_name, self.wrap_error, user_pool=source
+            )
         else:
             connect, where = self._factory(source)
+            self._connect = connect
             self._description = f"PostgreSQL {where} table {self.table_name}"
             size, timeout = pool_options(
                 DEFAULT_POOL_SIZE if pool_size is None else pool_size,
@@ -168,6 +216,19 @@ class PostgresDedupStore(DedupStore):
                 MAX_POOL_SIZE,
             )
             self.connections = OwnConnections(connect, hot, size, timeout, self._description)
+            transactions = PostgresTransactions(
+                self.table_name,
+                self.sequence_table_name,
+                self.wrap_error,
+                connect=connect,
+                pool_size=size,
+                pool_timeout=timeout,
+                engine=self.engine,
+            )
+        #: The exactly-once mode's transactions (:mod:`.transaction`): on a factory, their own
+        #: pool (opened on first use), so a transaction held for a whole handler never starves
+        #: claims, marks and lease renewal; on a psycopg_pool pool or an engine, theirs.
+        self.transactions: PostgresTransactions = transactions
         self._run = self.connections.run
         self._sql: Dict[str, str] = {
             name: sql.format(table=table)
@@ -179,8 +240,6 @@ class PostgresDedupStore(DedupStore):
                 ("release_many", RELEASE_MANY_SQL),
                 ("renew_many", RENEW_MANY_SQL),
                 ("select", SELECT_SQL),
-                ("purge_scan", PURGE_SCAN_SQL),
-                ("purge", PURGE_SQL),
                 ("delete", DELETE_SQL),
                 ("stats", STATS_SQL),
                 ("claims", CLAIMS_SQL),
@@ -217,7 +276,10 @@ class PostgresDedupStore(DedupStore):
                 "postgresql+psycopg:// engine (psycopg 3)"
             )
 
+        from rocketmq_dedup.stores.sqlalchemy_guard import install
+
         self.engine = engine
+        install(engine)  # conn.commit()/rollback() refused while an exactly-once handler runs
         url = engine.url.render_as_string(hide_password=True)
         return detached_connections(engine), f"{url} (SQLAlchemy)"
 
@@ -233,10 +295,24 @@ class PostgresDedupStore(DedupStore):
     def is_outage(self, exc: BaseException) -> bool:
         return connections.is_outage(exc)
 
+    def misconfiguration(self, exc: BaseException) -> Optional[str]:
+        """The GRANT to run, the login to fix or the server to point at, for a refusal
+        (:mod:`.errors`: 42501 insufficient privilege, 25006 a read-only server, 28P01/28000
+        a refused login)."""
+        kind = refusal(exc)
+        if kind is None:
+            return None
+        return explain(kind, server_message(exc), self.table_name, self._user)
+
     def wrap_error(self, exc: Exception) -> StoreError:
         """A pool that had no connection in time as :class:`StorePoolExhaustedError`; a
+        refusal a person must fix as :class:`StoreMisconfiguredError` naming the fix; a
         missing table named as such; a lock wait or a deadlock as
         :class:`StoreLockConflictError`; the rest as any store."""
+        fix = self.misconfiguration(exc)
+        if fix is not None:
+            text = f"{self.describe()}: {type(exc).__name__}: {server_message(exc)}"
+            return StoreMisconfiguredError(text, fix)
         if is_pool_timeout(exc):
             return StorePoolExhaustedError(
                 f"{self.describe()}: no free connection in the psycopg_pool pool: "
@@ -258,14 +334,20 @@ class PostgresDedupStore(DedupStore):
         """Close the connections the store opened (busy ones when their operation ends); an
         application's psycopg_pool pool is left alone. The store stays usable."""
         self.connections.close()
+        self.transactions.close()
 
     # -- operator API --------------------------------------------------------------------
 
     def create_table(self) -> None:
-        """Create the dedup table if it does not exist, with its column comments (idempotent:
-        :func:`~rocketmq_dedup.stores.postgres.sql.schema_statements`)."""
+        """Create, if they do not exist (idempotent), every table the store uses, with their
+        column comments (:func:`~rocketmq_dedup.stores.postgres.sql.schema_statements`): the
+        dedup table, and the exactly-once mode's sequence table (``<table>_seq``; see
+        :mod:`rocketmq_dedup.transactional`), which stays empty unless that mode's
+        ``sequence_key`` is used. A start-up check that ran before the table existed proves
+        the writes here."""
         for statement in schema_statements(self.table_name):
             self._call(self._run, Runner.count, statement, ())
+        self.tables_created()
 
     def purge_expired(
         self,
@@ -283,28 +365,39 @@ class PostgresDedupStore(DedupStore):
         step."""
 
         def step(after: bytes, size: int) -> PurgeStep:
-            done: PurgeStep = self._call(self._run, self._purge_step, after, size, dry_run)
-            return done
+            batch: PurgeBatch = self._call(self._run, purge_step, self._table, after, size, dry_run)
+            return batch.deleted, batch.scanned, batch.last_key
 
         return purge_in_key_order(step, batch_size, progress)
 
-    def _purge_step(
-        self, runner: Runner, after: bytes, batch_size: int, dry_run: bool
-    ) -> PurgeStep:
-        """One batch: (rows deleted or, dry, expired; rows scanned; the last key scanned)."""
-        rows = runner.rows(self._sql["purge_scan"], (after, batch_size))
-        expired = [bytes(key) for key, is_expired in rows if is_expired]
-        count = len(expired)
-        if expired and not dry_run:
-            count = runner.count(self._sql["purge"], (expired,))
-        return count, len(rows), bytes(rows[-1][0]) if rows else after
+    def purge_session(self) -> PostgresPurgeSession:
+        """A session of its own for the in-process purger (:class:`rocketmq_dedup.Purger`):
+        a new connection (from the factory, the engine, or the psycopg_pool pool's conninfo,
+        never one of a pool), that takes the table's purge lock (``pg_try_advisory_lock``) and
+        deletes expired rows in batches (:mod:`rocketmq_dedup.stores.purge`)."""
+        return PostgresPurgeSession(self._open_runner, self.table_name, self.wrap_error)
+
+    def _open_runner(self) -> Runner:
+        """A new connection of the store's source (never a pooled one), prepared, in a
+        runner."""
+        conn = self._connect()
+        try:
+            prepare_connection(conn)
+            return Runner(conn, self._hot)
+        except BaseException:
+            close_quietly(conn)
+            raise
 
     # -- I/O hooks -----------------------------------------------------------------------
 
     def do_check(self) -> None:
-        """Connect (or borrow a connection) and run ``SELECT 1``; the table may not exist
-        yet."""
-        self._run(Runner.rows, CHECK_SQL, ())
+        """Connect (or borrow a connection) and ask the server which user the session is (what
+        a refusal's GRANT names); the table may not exist yet."""
+        ((user,),) = self._run(Runner.rows, USER_SQL, ())
+        self._user = str(user)
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        return is_undefined_table(exc)
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         return self._run(self._claim, claim, lease_ms)
@@ -432,12 +525,14 @@ class PostgresDedupStore(DedupStore):
             table = Diagnosis("table", False, "dedup_key is not the primary key")
         else:
             table = Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
-        ((allowed,),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        ((*allowed, user),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
+        missing = [p for p, ok in zip(PRIVILEGES, allowed, strict=True) if not ok]
+        grant = f"GRANT {', '.join(PRIVILEGES)} ON {self.table_name} TO {user}"
         privileges = Diagnosis(
             "privileges",
-            bool(allowed),
-            "SELECT, INSERT, UPDATE, DELETE on the table"
-            + ("" if allowed else ": missing (GRANT them to the store's user)"),
+            not missing,
+            f"{', '.join(PRIVILEGES)} on the table"
+            + (f": {user} lacks {', '.join(missing)} ({grant})" if missing else ""),
         )
         return [table, privileges]
 

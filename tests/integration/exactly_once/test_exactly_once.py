@@ -1,5 +1,7 @@
-"""TransactionalDedupListener against MariaDB, on mysqlclient, PyMySQL and SQLAlchemy over
-both (issue 11, requirements 1, 2, 5, 7 and 8; 3, 4 and 6 are in test_exactly_once_*.py)."""
+"""TransactionalDedupListener against MariaDB (mysqlclient, PyMySQL, mysql-connector-python,
+SQLAlchemy over the first two) and PostgreSQL (a psycopg factory, a psycopg_pool pool,
+SQLAlchemy over psycopg): issue 11, requirements 1, 2, 5, 7 and 8 (3, 4 and 6 are in
+test_exactly_once_*.py), and issue 34's on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -21,8 +23,12 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.stores.postgres import PostgresDedupStore
 from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
+    POSTGRES_DB,
+    SQL_STORES,
+    Database,
     EffectListener,
     EffectTable,
     SequencedListener,
@@ -30,12 +36,9 @@ from tests.integration.exactly_once.support import (
     execute,
     make_client,
     make_config,
-    sql,
     unique,
 )
 from tests.support import MYSQL, mysql_connect
-
-pytestmark = pytest.mark.mysql
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -91,14 +94,16 @@ def test_failure_rolls_back_everything(
     assert effects.count("m1") == 1 and listener.calls["m1"] == 2
 
 
-def test_a_dedup_statement_error_rolls_back(client: Any, table: str, effects: EffectTable) -> None:
+def test_a_dedup_statement_error_rolls_back(
+    client: Any, db: Database, effects: EffectTable
+) -> None:
     """A failing statement of the dedup layer (a missing sequence table) rolls back and
     answers RECONSUME_LATER, claim released, the handler not run."""
     name = unique("t_eo_noseq")
     config = make_config(client, name)
-    assert isinstance(config.persist, MySQLDedupStore)
+    assert isinstance(config.persist, SQL_STORES)
     config.persist.create_table()
-    sql(f"DROP TABLE {name}_seq")
+    db.sql(f"DROP TABLE {name}_seq")
     try:
         listener = SequencedListener(config, effects, lambda msg: ("e", 1))
         assert listener(ClassicMessage("m1")) is LATER
@@ -106,7 +111,7 @@ def test_a_dedup_statement_error_rolls_back(client: Any, table: str, effects: Ef
         assert status_of(config, "m1") is None
     finally:
         config.close()
-        sql(f"DROP TABLE IF EXISTS {name}")
+        db.drop(name)
 
 
 def test_batches_are_one_transaction_per_message(config: DedupConfig, effects: EffectTable) -> None:
@@ -149,7 +154,7 @@ def hold_row_locks_in_the_first_copy(
 ) -> Tuple[Callable[[Any, Any], bool], threading.Event, threading.Event]:
     """A handler whose copy with body ``first`` takes a row lock and holds it (``holding``
     set) until ``finish``; other copies just succeed. Returns it and the two events."""
-    sql(f"INSERT INTO {effects.name} (k, v) VALUES ('lock-me', '0')")
+    effects.db.sql(f"INSERT INTO {effects.name} (k, v) VALUES ('lock-me', '0')")
     holding, finish = threading.Event(), threading.Event()
 
     def behaviour(msg: Any, conn: Any) -> bool:
@@ -212,7 +217,7 @@ def test_a_duplicate_after_the_commit_is_acked_without_the_handler(
 
 
 def _delete_record(config: DedupConfig, msg_id: str) -> None:
-    assert isinstance(config.persist, MySQLDedupStore)
+    assert isinstance(config.persist, SQL_STORES)
     config.persist.delete(element(config, msg_id), force=True)
 
 
@@ -335,6 +340,8 @@ def _misuse(call: str) -> Any:
         try:
             if call == "autocommit" and hasattr(conn, "execution_options"):  # SQLAlchemy's way
                 conn.execution_options(isolation_level="AUTOCOMMIT")
+            elif call == "autocommit" and hasattr(conn, "pgconn"):  # psycopg's: a property
+                conn.autocommit = True
             elif call == "autocommit":
                 conn.autocommit(True)
             else:
@@ -436,7 +443,53 @@ def test_an_engine_in_autocommit_mode_is_refused_per_message(
         dispose(engine)
 
 
-def test_a_config_without_the_mysql_store_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("driver", "options"),
+    [("psycopg", {"autocommit": True}), ("psycopg_pool", {"kwargs": {"autocommit": True}})],
+)
+def test_postgres_connections_in_autocommit_mode_still_roll_back(
+    driver: str, options: Any, table: str, effects: EffectTable
+) -> None:
+    """PostgreSQL: connections that come in autocommit mode (a factory's, a pool's): the
+    transaction is BEGIN ... COMMIT sent by the library, so a failed handler's writes are
+    still rolled back, and a pool's connection is given back in autocommit mode as found."""
+    client = make_client(driver, **options)
+    config = make_config(client, table)
+    try:
+        listener = EffectListener(config, effects, lambda msg, conn: msg.id == "ok")
+        assert listener(ClassicMessage("no")) is LATER
+        assert listener(ClassicMessage("ok")) is SUCCESS
+        assert effects.counts() == {"ok": 1}
+        if driver == "psycopg_pool":
+            with client.connection() as conn:
+                assert conn.autocommit is True
+    finally:
+        config.close()
+        dispose(client)
+
+
+@pytest.mark.parametrize("driver", ["sqlalchemy+psycopg"])
+def test_a_postgres_engine_in_autocommit_mode_still_rolls_back(
+    driver: str, table: str, effects: EffectTable
+) -> None:
+    """isolation_level="AUTOCOMMIT" on PostgreSQL: engine.begin() opens no transaction there,
+    but the library sends its own BEGIN, so a failed handler's writes are rolled back and a
+    successful one commits with its record (MySQL refuses such an engine per message)."""
+    engine = make_client(driver, isolation_level="AUTOCOMMIT")
+    config = make_config(engine, table)
+    try:
+        listener = EffectListener(config, effects, lambda msg, conn: msg.body == b"ok")
+        assert listener(ClassicMessage("m1", body=b"no")) is LATER
+        assert effects.count("m1") == 0 and status_of(config, "m1") is None
+        assert listener(ClassicMessage("m1", body=b"ok")) is SUCCESS
+        assert effects.count("m1") == 1
+        assert status_of(config, "m1") is DedupStatus.CONSUMED
+    finally:
+        config.close()
+        dispose(engine)
+
+
+def test_a_config_without_a_sql_store_is_refused() -> None:
     """Memory store, no config, dedup disabled: DedupConfigError at construction."""
 
     class Listener(TransactionalDedupListener):
@@ -445,15 +498,18 @@ def test_a_config_without_the_mysql_store_is_refused() -> None:
 
     memory = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
     for config in (memory, None, DedupConfig.disable_dedup_consume_config("app")):
-        with pytest.raises(DedupConfigError, match="MySQL store"):
+        with pytest.raises(DedupConfigError, match="the MySQL or PostgreSQL store"):
             Listener(config)  # type: ignore[arg-type]
 
 
-def test_a_store_outage_is_reconsume_later_whatever_the_policy(effects: EffectTable) -> None:
+@pytest.mark.parametrize("driver", ["mysqlclient", "psycopg"])
+def test_a_store_outage_is_reconsume_later_whatever_the_policy(
+    driver: str, effects: EffectTable
+) -> None:
     """An unreachable database: RECONSUME_LATER even with store_failure_policy="consume"."""
     config = DedupConfig.enable_dedup_consume_config(
         unique("eo-app"),
-        mysql_connect(port=1, connect_timeout=1),
+        make_client(driver, port=1, connect_timeout=1),
         check_store=False,
         store_failure_policy="consume",
     )
@@ -480,27 +536,24 @@ def test_a_message_without_a_key_still_runs_in_a_transaction(
 # -- requirement 8: tables ------------------------------------------------------------------------
 
 
-def test_create_table_creates_every_table_idempotently(client: Any) -> None:
+def test_create_table_creates_every_table_idempotently(client: Any, db: Database) -> None:
     """create_table() twice: the dedup and the sequence table exist, nothing fails."""
     name = unique("t_eo_tables")
     config = make_config(client, name)
+    query = (
+        "SELECT tablename FROM pg_tables WHERE tablename LIKE %s"
+        if db is POSTGRES_DB
+        else "SELECT table_name FROM information_schema.tables "
+        "WHERE table_schema = DATABASE() AND table_name LIKE %s"
+    )
     try:
-        assert isinstance(config.persist, MySQLDedupStore)
+        assert isinstance(config.persist, SQL_STORES)
         config.persist.create_table()
         config.persist.create_table()
-        tables = {
-            str(t)
-            for (t,) in sql(
-                "SELECT table_name FROM information_schema.tables "
-                "WHERE table_schema = DATABASE() AND table_name LIKE %s",
-                (name + "%",),
-            )
-        }
-        assert tables == {name, name + "_seq"}
+        assert {str(t) for (t,) in db.sql(query, (name + "%",))} == {name, name + "_seq"}
     finally:
         config.close()
-        sql(f"DROP TABLE IF EXISTS {name}")
-        sql(f"DROP TABLE IF EXISTS {name}_seq")
+        db.drop(name, f"{name}_seq")
 
 
 def test_schema_mysql_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -511,6 +564,29 @@ def test_schema_mysql_prints_every_table(capsys: pytest.CaptureFixture[str]) -> 
     out = capsys.readouterr().out
     assert "CREATE TABLE IF NOT EXISTS `t_x` (" in out
     assert "CREATE TABLE IF NOT EXISTS `t_x_seq` (" in out
+
+
+def test_schema_postgres_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's schema postgres prints the dedup table and its sequence table, with their
+    column comments; the statements run as printed create both (on a table of its own)."""
+    from rocketmq_dedup.cli import main
+
+    name = unique("t_eo_printed")
+    assert main(["schema", "postgres", "--table", name]) == 0
+    out = capsys.readouterr().out
+    assert f'CREATE TABLE IF NOT EXISTS "{name}" (' in out
+    assert f'CREATE TABLE IF NOT EXISTS "{name}_seq" (' in out
+    assert f'COMMENT ON COLUMN "{name}_seq".last_seq IS' in out
+    try:
+        for statement in out.split(";\n"):
+            if statement.strip():
+                POSTGRES_DB.sql(statement)
+        rows = POSTGRES_DB.sql(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (name + "%",)
+        )
+        assert {str(t) for (t,) in rows} == {name, name + "_seq"}
+    finally:
+        POSTGRES_DB.drop(name, f"{name}_seq")
 
 
 def test_an_engine_makes_the_mysql_store() -> None:
@@ -530,6 +606,21 @@ def test_an_engine_makes_the_mysql_store() -> None:
         dispose(engine)
     with pytest.raises(DedupConfigError, match="dialect"):
         make_store(sqlalchemy.create_engine("sqlite://"))
+
+
+def test_a_postgres_engine_makes_the_postgres_store_with_transactions() -> None:
+    """make_store takes a postgresql+psycopg engine: a PostgreSQL store whose transactions run
+    on the engine (no password in its description)."""
+    from rocketmq_dedup.stores import make_store
+
+    engine = make_client("sqlalchemy+psycopg")
+    try:
+        store = make_store(engine, table_name="t_x", pool_size=2)
+        assert isinstance(store, PostgresDedupStore) and store.engine is engine
+        assert store.transactions.engine is engine
+        assert "SQLAlchemy" in store.describe() and ":dedup@" not in store.describe()
+    finally:
+        dispose(engine)
 
 
 @pytest.mark.parametrize("driver", ["sqlalchemy+mysqlclient", "sqlalchemy+pymysql"])
@@ -557,3 +648,94 @@ def test_the_applications_engine_outlives_the_lowered_idle_timeout(
         assert timeout is not None and int(timeout) > 2
     finally:
         dispose(engine)
+
+
+@pytest.mark.parametrize("driver", ["psycopg_pool", "sqlalchemy+psycopg"])
+def test_the_applications_postgres_connections_come_back_as_they_were(
+    driver: str, table: str, effects: EffectTable
+) -> None:
+    """PostgreSQL, an application's pool or engine of one connection: after a committed and a
+    rolled-back message, that connection is as the application left it: autocommit off, the
+    idle timeout the server's (the hold was SET LOCAL), no transaction open, no prepared
+    statement of the library's."""
+    client = one_connection_client(driver)
+    default = POSTGRES_DB.sql("SHOW idle_in_transaction_session_timeout")[0][0]
+    config = make_config(client, table, dedup_processing_expire_milli_seconds=2000)
+    try:
+        listener = EffectListener(config, effects, lambda msg, conn: msg.body != b"no")
+        assert listener(ClassicMessage("m1")) is SUCCESS
+        assert listener(ClassicMessage("m2", body=b"no")) is LATER
+        if driver == "psycopg_pool":
+            with client.connection() as conn:
+                found = (conn.autocommit, conn.info.transaction_status)
+                rows = conn.execute(PREPARED_AND_TIMEOUT).fetchall()
+                conn.rollback()
+        else:
+            with client.connect() as sa:
+                raw = sa.connection.dbapi_connection
+                found = (raw.autocommit, raw.info.transaction_status)
+                rows = sa.exec_driver_sql(PREPARED_AND_TIMEOUT).fetchall()
+        assert found == (False, 0)  # TransactionStatus.IDLE before the statement
+        assert rows == [(0, default)]
+    finally:
+        config.close()
+        dispose(client)
+
+
+PREPARED_AND_TIMEOUT = (
+    "SELECT (SELECT count(*) FROM pg_prepared_statements), "
+    "current_setting('idle_in_transaction_session_timeout')"
+)
+
+
+def one_connection_client(driver: str) -> Any:
+    if driver == "psycopg_pool":
+        return make_client(driver, min_size=1, max_size=1)
+    return make_client(driver, pool_size=1, max_overflow=0)
+
+
+def savepoint(conn: Any) -> Any:
+    """A savepoint of the handler's transaction: psycopg's ``conn.transaction()``, or
+    SQLAlchemy's ``conn.begin_nested()``."""
+    return conn.begin_nested() if hasattr(conn, "begin_nested") else conn.transaction()
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg_pool", "sqlalchemy+psycopg"])
+@pytest.mark.parametrize("in_savepoint", [True, False], ids=["savepoint", "bare"])
+def test_a_failed_statement_of_the_handler_on_postgres(
+    driver: str,
+    in_savepoint: bool,
+    config: DedupConfig,
+    effects: EffectTable,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PostgreSQL aborts a transaction at a failed statement. Inside a savepoint
+    (``conn.transaction()``; SQLAlchemy's ``begin_nested()``) the handler goes on after it,
+    returns True, and its writes commit with the record. Outside one, catching the error and
+    returning True commits nothing: rolled back, logged as what it is, RECONSUME_LATER; the
+    connection serves the next message."""
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        if msg.body == b"fail":
+            try:
+                if in_savepoint:
+                    with savepoint(conn):
+                        execute(conn, "SELECT 1 / 0")
+                else:
+                    execute(conn, "SELECT 1 / 0")
+            except Exception:
+                pass
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        answer = listener(ClassicMessage("m1", body=b"fail"))
+    if in_savepoint:
+        assert answer is SUCCESS and effects.count("m1") == 1
+        assert status_of(config, "m1") is DedupStatus.CONSUMED
+    else:
+        assert answer is LATER and effects.count("m1") == 0
+        assert status_of(config, "m1") is None
+        assert any("left its transaction aborted" in r.getMessage() for r in caplog.records)
+        assert listener(ClassicMessage("m2")) is SUCCESS  # the same pool serves on
+        assert effects.count("m2") == 1

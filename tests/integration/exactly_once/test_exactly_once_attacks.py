@@ -1,7 +1,10 @@
-"""The attacks on the exactly-once mode that broke it (issue 31, items 1-5), on every driver:
-session state a handler leaves behind, a session swapped under the handler, the
-``before_handler`` claim's order (lock first, then read; no snapshot before a wait), and lock
-waits told apart from outages."""
+"""The attacks on the exactly-once mode that broke it (issue 31, items 1-5), on every driver of
+MySQL and PostgreSQL: session state a handler leaves behind, a session swapped or lost under the
+handler, the ``before_handler`` claim's order (lock first, then read; no snapshot before a
+wait), and lock waits told apart from outages. Where an attack is MySQL's own (autocommit as
+session state, a reconnecting ping, a driver that reconnects by itself), PostgreSQL gets its
+counterpart (a transaction ended by SQL text, a backend terminated, a connection closed behind
+the proxy)."""
 
 from __future__ import annotations
 
@@ -18,8 +21,12 @@ import pytest
 from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupStatus
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import PrometheusMetrics
+from rocketmq_dedup.stores.transaction import Entity
 from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
+    MYSQL_DRIVERS,
+    PG_DRIVERS,
+    Database,
     EffectListener,
     EffectTable,
     SequencedListener,
@@ -27,12 +34,11 @@ from tests.integration.exactly_once.support import (
     execute,
     make_client,
     make_config,
-    sql,
+    one_connection,
+    raw_connection,
     unique,
 )
-from tests.support import mysql_connect, prometheus_value
-
-pytestmark = pytest.mark.mysql
+from tests.support import PG_DSN, mysql_connect, prometheus_value
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -47,56 +53,48 @@ def status_of(config: DedupConfig, msg_id: str) -> Any:
     return config.persist.get_status(element(config, msg_id))
 
 
-def one_connection(driver: str) -> Any:
-    """A client whose transactions all share one connection (a pool of 1)."""
-    if driver.startswith("sqlalchemy"):
-        return make_client(driver, pool_size=1, max_overflow=0)
-    return make_client(driver)
-
-
-def raw_connection(conn: Any) -> Any:
-    """The DB-API connection behind a handler's ``conn`` (what a handler can reach)."""
-    if hasattr(conn, "exec_driver_sql"):
-        return conn.connection.dbapi_connection
-    return object.__getattribute__(conn, "_conn")
-
-
-def session_of(conn: Any) -> int:
-    return int(execute(conn, "SELECT CONNECTION_ID()").fetchall()[0][0])
-
-
 # -- item 1: a session left in autocommit never serves another message -------------------------
 
 
+#: SQL text that leaves the session unfit for the next message: MySQL's autocommit (session
+#: state), PostgreSQL's end of the transaction (the session then autocommits).
+LEAVE = {"mysql": "SET autocommit = 1", "postgres": "COMMIT"}
+LEFT = {"mysql": "autocommit", "postgres": "ended its transaction"}
+
+
 def test_a_session_left_in_autocommit_never_serves_the_next_message(
-    driver: str, table: str, effects: EffectTable, caplog: pytest.LogCaptureFixture
+    driver: str, db: Database, table: str, effects: EffectTable, caplog: pytest.LogCaptureFixture
 ) -> None:
     """One connection for every transaction. Message a's handler sends ``SET autocommit = 1``
-    and returns True: detected, rolled back, RECONSUME_LATER (its writes after the SET were
-    committed by the server: they stay, as the README says). Message b then writes a row and
-    asks for a retry: its row is rolled back, so its retry applies it once (before the fix the
-    session stayed in autocommit and b's row was applied twice)."""
+    (PostgreSQL: ``COMMIT``) and returns True: detected, rolled back, RECONSUME_LATER (its
+    writes after the SET were committed by the server: they stay, as the README says).
+    Message b then writes a row and asks for a retry: its row is rolled back, so its retry
+    applies it once (before the fix the session stayed in autocommit and b's row was applied
+    twice), on another session than a's."""
     client = one_connection(driver)
     config = make_config(client, table, pool_size=1)
+    sessions = {}
     try:
         config.persist.create_table()  # type: ignore[union-attr]
 
         def behaviour(msg: Any, conn: Any) -> bool:
+            sessions.setdefault(msg.id, db.session_of(conn))
             if msg.id == "a":
-                execute(conn, "SET autocommit = 1")
+                execute(conn, LEAVE[db.name])
                 return True
             return msg.body == b"retry"
 
         listener = EffectListener(config, effects, behaviour)
         with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
             assert listener(ClassicMessage("a")) is LATER
-        assert any("autocommit" in r.getMessage() for r in caplog.records)
+        assert any(LEFT[db.name] in r.getMessage() for r in caplog.records)
         assert status_of(config, "a") is None
         assert listener(ClassicMessage("b", body=b"first")) is LATER
         assert effects.count("b") == 0  # rolled back: not a session in autocommit
         assert listener(ClassicMessage("b", body=b"retry")) is SUCCESS
         assert effects.count("b") == 1
         assert status_of(config, "b") is DedupStatus.CONSUMED
+        assert sessions["b"] != sessions["a"]
         listener.close()
     finally:
         config.close()
@@ -106,21 +104,14 @@ def test_a_session_left_in_autocommit_never_serves_the_next_message(
 # -- item 2: a message commits only on the session it began -----------------------------------
 
 
-def kill_own_session(conn: Any) -> None:
-    """End the handler's session from another connection (as the server's idle timeout or an
-    operator's KILL would), and wait until it is gone."""
-    session = session_of(conn)
-    sql(f"KILL {session}")
-    deadline = time.monotonic() + 10
-    while sql("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (session,))[0][
-        0
-    ]:
-        assert time.monotonic() < deadline, "the killed session did not end"
-        time.sleep(0.02)
-
-
+@pytest.mark.parametrize("driver", MYSQL_DRIVERS)
 def test_a_reconnecting_ping_is_refused_and_nothing_of_the_message_commits(
-    driver: str, client: Any, table: str, effects: EffectTable, caplog: pytest.LogCaptureFixture
+    driver: str,
+    db: Database,
+    client: Any,
+    table: str,
+    effects: EffectTable,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The handler writes w1, its session is lost (KILL), it asks for a reconnecting ping, then
     writes w2 and returns True. The ping is refused (DB-API) or the lost session found
@@ -135,7 +126,7 @@ def test_a_reconnecting_ping_is_refused_and_nothing_of_the_message_commits(
         if len(attempts) > 1:
             effects.insert(conn, "w2")
             return True
-        kill_own_session(conn)
+        db.kill_own_session(conn)
         try:
             if hasattr(conn, "exec_driver_sql"):
                 raw_connection(conn).ping(True)  # SQLAlchemy: only the raw connection pings
@@ -165,8 +156,48 @@ def test_a_reconnecting_ping_is_refused_and_nothing_of_the_message_commits(
         listener.close()
 
 
+@pytest.mark.parametrize("driver", PG_DRIVERS)
+def test_a_terminated_backend_commits_nothing_of_the_message(
+    driver: str,
+    db: Database,
+    client: Any,
+    table: str,
+    effects: EffectTable,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PostgreSQL (a psycopg connection never reconnects): the handler writes w1, its backend
+    is terminated (``pg_terminate_backend``), it writes w2 (refused: the connection is lost,
+    the handler swallows it) and returns True: the lost session is found before the record:
+    RECONSUME_LATER, no record, neither write committed; the retry applies w1 once."""
+    config = make_config(client, table)
+    config.persist.create_table()  # type: ignore[union-attr]
+    attempts: List[int] = []
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        attempts.append(1)
+        if len(attempts) == 1:
+            db.kill_own_session(conn)
+            with contextlib.suppress(Exception):
+                effects.insert(conn, "w2")
+        return True
+
+    listener = EffectListener(config, effects, behaviour)  # writes w1 = the message id
+    try:
+        with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+            assert listener(ClassicMessage("w1")) is LATER
+        assert status_of(config, "w1") is None
+        assert effects.counts() == {}
+        assert any("lost the session" in r.getMessage() for r in caplog.records)
+        assert listener(ClassicMessage("w1")) is SUCCESS
+        assert effects.counts() == {"w1": 1}
+        assert status_of(config, "w1") is DedupStatus.CONSUMED
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("driver", MYSQL_DRIVERS)
 def test_a_session_swapped_behind_the_proxy_is_never_committed_on(
-    driver: str, client: Any, table: str, effects: EffectTable
+    driver: str, db: Database, client: Any, table: str, effects: EffectTable
 ) -> None:
     """The handler reaches its raw connection, loses its session (KILL) and reconnects there
     (``ping(True)``), writes w2 on the new session and returns True: the changed session is
@@ -179,7 +210,7 @@ def test_a_session_swapped_behind_the_proxy_is_never_committed_on(
     def behaviour(msg: Any, conn: Any) -> bool:
         if swapped:
             return True
-        kill_own_session(conn)
+        db.kill_own_session(conn)
         raw = raw_connection(conn)
         if hasattr(raw, "reconnect") and not hasattr(raw, "thread_id"):
             raw.reconnect()  # mysql-connector-python
@@ -199,9 +230,39 @@ def test_a_session_swapped_behind_the_proxy_is_never_committed_on(
         listener.close()
 
 
+@pytest.mark.parametrize("driver", PG_DRIVERS)
+def test_a_connection_closed_behind_the_proxy_is_never_committed_on_nor_reused(
+    driver: str, db: Database, table: str, effects: EffectTable
+) -> None:
+    """PostgreSQL, one connection for every transaction: the handler reaches its psycopg
+    connection and closes it (the server rolls back what it wrote) and returns True: found
+    before the record: RECONSUME_LATER, no record; the next message runs on another session
+    and commits once."""
+    client = one_connection(driver)
+    config = make_config(client, table, pool_size=1)
+    sessions: List[int] = []
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        sessions.append(db.session_of(conn))
+        if len(sessions) == 1:
+            raw_connection(conn).close()
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    try:
+        assert listener(ClassicMessage("m1")) is LATER
+        assert status_of(config, "m1") is None and effects.count("m1") == 0
+        assert listener(ClassicMessage("m1")) is SUCCESS
+        assert effects.count("m1") == 1 and sessions[1] != sessions[0]
+    finally:
+        listener.close()
+        config.close()
+        dispose(client)
+
+
 @pytest.mark.parametrize("driver", ["mysqlclient", "sqlalchemy+mysqlclient"])
 def test_a_driver_that_reconnects_by_itself_never_commits_on_a_new_session(
-    driver: str, table: str, effects: EffectTable
+    driver: str, db: Database, table: str, effects: EffectTable
 ) -> None:
     """mysqlclient only (the one driver that reconnects by itself): the handler turns its raw
     connection's reconnect option on (``ping(True)`` on a live session), writes w1, its session
@@ -217,7 +278,7 @@ def test_a_driver_that_reconnects_by_itself_never_commits_on_a_new_session(
         if not first:
             first.append(1)
             raw_connection(conn).ping(True)  # sets MYSQL_OPT_RECONNECT on the raw connection
-            kill_own_session(conn)
+            db.kill_own_session(conn)
         return True
 
     listener = EffectListener(config, effects, behaviour)
@@ -241,35 +302,26 @@ class Counter:
     """A business row the steps read, then write (read-modify-write, the way that loses an
     update when the read comes from a snapshot taken before the wait)."""
 
-    def __init__(self) -> None:
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self.name = unique("t_eo_counter")
-        sql(f"CREATE TABLE {self.name} (k VARCHAR(64) PRIMARY KEY, v BIGINT NOT NULL)")
-        sql(f"INSERT INTO {self.name} VALUES ('acct', 0)")
+        db.sql(db.counter_table_sql.format(name=self.name))
+        db.sql(f"INSERT INTO {self.name} VALUES ('acct', 0)")
 
     def increment(self, conn: Any) -> None:
         (value,) = execute(conn, f"SELECT v FROM {self.name} WHERE k = 'acct'").fetchall()[0]
         execute(conn, f"UPDATE {self.name} SET v = %s WHERE k = 'acct'", (int(value) + 1,))
 
     def value(self) -> int:
-        return int(sql(f"SELECT v FROM {self.name} WHERE k = 'acct'")[0][0])
+        return int(self.db.sql(f"SELECT v FROM {self.name} WHERE k = 'acct'")[0][0])
 
     def drop(self) -> None:
-        sql(f"DROP TABLE IF EXISTS {self.name}")
-
-
-def waiting_on(table: str) -> bool:
-    """Whether a session is running a statement on ``table`` (a lock wait, here)."""
-    rows = sql(
-        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE %s AND ID <> "
-        "CONNECTION_ID()",
-        (f"%{table}%",),
-    )
-    return bool(rows[0][0])
+        self.db.drop(self.name)
 
 
 @pytest.mark.parametrize("claim", ["at_commit", "before_handler"])
 def test_an_entitys_steps_read_what_the_previous_step_wrote(
-    claim: str, client: Any, table: str, effects: EffectTable
+    claim: str, db: Database, client: Any, table: str, effects: EffectTable
 ) -> None:
     """Steps 1 and 2 of one entity each read a counter and write it back plus one. Step 2
     arrives while step 1 is in its handler and waits for the entity's row; when it runs, it
@@ -277,7 +329,7 @@ def test_an_entitys_steps_read_what_the_previous_step_wrote(
     snapshot taken before the wait: 1)."""
     config = make_config(client, table, exactly_once_claim=claim)
     config.persist.create_table()  # type: ignore[union-attr]
-    counter = Counter()
+    counter = Counter(db)
     step1_in_handler, step1_may_commit = threading.Event(), threading.Event()
 
     def behaviour(msg: Any, conn: Any) -> bool:
@@ -303,7 +355,7 @@ def test_an_entitys_steps_read_what_the_previous_step_wrote(
         second.start()
         sequence_table = f"{table}_seq"
         deadline = time.monotonic() + 20
-        while not waiting_on(sequence_table):  # step 2 waits for the entity's row
+        while not db.waiting_on(sequence_table):  # step 2 waits for the entity's row
             assert time.monotonic() < deadline, "step 2 never waited for step 1"
             time.sleep(0.01)
     finally:
@@ -441,8 +493,69 @@ def test_a_lock_wait_on_the_guards_row_is_a_lock_conflict_not_an_outage(
     assert not later
 
 
+@pytest.mark.parametrize("driver", PG_DRIVERS)
+def test_a_deadlock_in_the_guards_statement_is_a_lock_conflict_not_an_outage(
+    driver: str, client: Any, table: str, effects: EffectTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL, before_handler with a sequence key: the copy holds the key's advisory lock
+    and waits for its entity's row, which another transaction holds; that transaction then
+    waits for the key's lock: a deadlock. The server breaks it in the copy's statement (it
+    waited first): RECONSUME_LATER before the handler, logged as a deadlock (not as the
+    database being unavailable), outcome lock_conflict; the other transaction goes on, and the
+    redelivery applies the step once."""
+    registry = prometheus_client.CollectorRegistry()
+    config = make_config(
+        client, table, exactly_once_claim="before_handler", metrics=PrometheusMetrics(registry)
+    )
+    config.persist.create_table()  # type: ignore[union-attr]
+    listener = SequencedListener(config, effects, lambda msg: ("acct", int(msg.id[1:])))
+    import psycopg
+
+    from rocketmq_dedup.stores.postgres.transaction import lock_key
+
+    assert listener(ClassicMessage("s1")) is SUCCESS  # the entity's row exists
+    entity = Entity(config.application_name, "acct").digest()
+    other = psycopg.connect(PG_DSN)
+    answers: List[ConsumeStatus] = []
+    try:
+        other.execute(f"SELECT 1 FROM {table}_seq WHERE entity_key = %s FOR UPDATE", (entity,))
+        copy = threading.Thread(target=lambda: answers.append(listener(ClassicMessage("s2"))))
+        with caplog.at_level(logging.WARNING, logger="rocketmq_dedup"):
+            copy.start()
+            deadline = time.monotonic() + 20
+            while not effects.db.waiting_on(f"{table}_seq"):
+                assert time.monotonic() < deadline, "the copy never waited for the entity"
+                time.sleep(0.01)
+            key = lock_key(element(config, "s2").digest())
+            other.execute("SELECT pg_advisory_xact_lock(%s)", (key,))  # the deadlock
+            copy.join(20)
+        other.commit()
+    finally:
+        other.close()
+    assert answers == [LATER] and listener.calls == {"s1": 1}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("deadlock" in m for m in messages), messages
+    assert not any("unavailable" in m for m in messages), messages
+    labels = {"app": config.application_name, "topic": "TEST-TOPIC"}
+    counted = prometheus_value(
+        registry, "rocketmq_dedup_messages_total", outcome="lock_conflict", **labels
+    )
+    assert counted == 1
+    assert listener(ClassicMessage("s2")) is SUCCESS
+    assert effects.counts() == {"s1": 1, "s2": 1}
+    listener.close()
+
+
 def lock_timeout_client(driver: str) -> Any:
-    """A client whose sessions give up a lock wait after 1 s."""
+    """A client whose sessions give up a lock wait after 1 s (MySQL's
+    ``innodb_lock_wait_timeout``, PostgreSQL's ``lock_timeout``)."""
+    if driver in PG_DRIVERS:
+        options = {"options": "-c lock_timeout=1000"}
+        if driver == "psycopg_pool":
+            return make_client(driver, kwargs=options)
+        if driver.startswith("sqlalchemy"):
+            return make_client(driver, connect_args=options)
+        return make_client(driver, **options)
     statement = "SET SESSION innodb_lock_wait_timeout = 1"
     if driver.startswith("sqlalchemy"):
         return make_client(driver, connect_args={"init_command": statement})

@@ -1,5 +1,5 @@
-"""Exactly-once under races, lapsed leases and a killed consumer (issue 11, requirements 3
-and 4, and the 16-thread race), on every driver."""
+"""Exactly-once under races, lapsed leases, a killed and a frozen consumer (issue 11,
+requirements 3 and 4, and the 16-thread race), on every driver of MySQL and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ from tests.integration.exactly_once.support import (
     make_config,
     redeliver_until_acked,
 )
-
-pytestmark = pytest.mark.mysql
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -254,3 +252,95 @@ def test_a_frozen_consumer_holds_the_key_only_until_its_session_times_out(
     assert effects.count("m1") == 1
     element = DedupElement(config.application_name, "TEST-TOPIC", "TagA", "m1")
     assert config.persist.get_status(element) is DedupStatus.CONSUMED  # type: ignore[union-attr]
+
+
+_CONSUMER = textwrap.dedent(
+    """
+    import collections, json, random, sys, threading, time
+    sys.path.insert(0, {root!r})
+    from rocketmq_dedup import ConsumeStatus, DedupConfig, TransactionalDedupListener
+    from rocketmq_dedup.testing import ClassicMessage
+    from tests.integration.exactly_once.support import execute, make_client
+
+    driver, table, app, effects, claim, keys = sys.argv[1:7]
+    config = DedupConfig.enable_dedup_consume_config(
+        app, make_client(driver), table_name=table, exactly_once_claim=claim,
+        **({{}} if driver == "psycopg_pool" else {{"pool_size": 8}}),
+    )
+
+    class Listener(TransactionalDedupListener):
+        def do_handle_msg(self, msg, conn):
+            execute(conn, "INSERT INTO " + effects + " (k) VALUES (%s)", (msg.id,))
+            time.sleep(random.uniform(0, 0.003))  # work, so that copies overlap
+            return True
+
+    listener = Listener(config)
+    queue = collections.deque(json.loads(keys))
+    lock = threading.Lock()
+    print("ready", flush=True)
+    sys.stdin.readline()  # both processes start together
+
+    def worker():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                key = queue.popleft()
+            if listener(ClassicMessage(key)) is ConsumeStatus.RECONSUME_LATER:
+                with lock:
+                    queue.append(key)  # the broker's redelivery
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    listener.close()
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("claim", ["at_commit", "before_handler"])
+def test_two_processes_consuming_the_same_keys_apply_each_once(
+    driver: str, claim: str, client: Any, table: str, effects: EffectTable, tmp_path: Path
+) -> None:
+    """Two consumer processes of one application, 4 threads each, are given the same 150 keys
+    (in different orders) and started together; a RECONSUME_LATER goes back to the process's
+    queue. Both finish, and every key's effect is committed exactly once, with its record."""
+    config = make_config(client, table)
+    config.persist.create_table()  # type: ignore[union-attr]
+    script = tmp_path / "consumer.py"
+    script.write_text(_CONSUMER.format(root=str(ROOT)))
+    keys = [f"k{i}" for i in range(150)]
+    children = []
+    try:
+        for order in (keys, list(reversed(keys))):
+            args = [driver, table, config.application_name, effects.name, claim, json.dumps(order)]
+            command = [sys.executable, str(script), *args]
+            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+            children.append(subprocess.Popen(command, cwd=str(ROOT), **pipes))
+        for child in children:
+            assert child.stdout is not None
+            ready, _, _ = select.select([child.stdout], [], [], 60)
+            assert ready and child.stdout.readline().strip() == b"ready"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(b"go\n")
+            child.stdin.flush()
+        for child in children:
+            out, _ = child.communicate(timeout=120)
+            assert child.returncode == 0 and b"done" in out
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+    assert effects.counts() == dict.fromkeys(keys, 1)
+    store = config.persist
+    assert store is not None
+    records = store.read_many(
+        [DedupElement(config.application_name, "TEST-TOPIC", "TagA", k) for k in keys]
+    )
+    assert all(r is not None and r.status is DedupStatus.CONSUMED for r in records)
+    config.close()

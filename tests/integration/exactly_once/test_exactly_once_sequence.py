@@ -1,29 +1,34 @@
-"""The sequence guard of the exactly-once mode (issue 11, requirement 6), on every driver;
-and the order sample driven with fake messages."""
+"""The sequence guard of the exactly-once mode (issue 11, requirement 6), on every driver of
+MySQL and PostgreSQL; the mode under PostgreSQL's REPEATABLE READ; and the order sample driven
+with fake messages."""
 
 from __future__ import annotations
 
 import collections
 import json
+import threading
+import time
 from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupConfigError, DedupStatus
+from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupConfigError, DedupStatus, Outcome
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.stores.mysql import MySQLDedupStore
+from rocketmq_dedup.metrics import Decision, DedupMetrics
 from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
+    SQL_STORES,
     EffectTable,
     SequencedListener,
+    dispose,
+    execute,
+    make_client,
     make_config,
     redeliver_until_acked,
     sql,
     unique,
 )
 from tests.support import mysql_connect
-
-pytestmark = pytest.mark.mysql
 
 SUCCESS = ConsumeStatus.CONSUME_SUCCESS
 LATER = ConsumeStatus.RECONSUME_LATER
@@ -52,7 +57,7 @@ class StepListener(SequencedListener):
 
 def applied(effects: EffectTable) -> Dict[str, List[int]]:
     """Per entity, the steps applied, in the order they were committed."""
-    rows = sql(f"SELECT k, v FROM {effects.name} ORDER BY id")
+    rows = effects.db.sql(f"SELECT k, v FROM {effects.name} ORDER BY id")
     result: Dict[str, List[int]] = collections.defaultdict(list)
     for entity, seq in rows:
         result[str(entity)].append(int(seq))
@@ -93,7 +98,7 @@ def test_strict_gap_waits_and_stale_is_acked_as_a_duplicate(
     listener = StepListener(config, effects, parse)
     element = DedupElement(config.application_name, "TEST-TOPIC", "TagA", "again")
     store = config.persist
-    assert isinstance(store, MySQLDedupStore)
+    assert isinstance(store, SQL_STORES)
     assert listener(step("o", 2)) is LATER
     assert listener.calls == {}
     assert store.get_status(element._replace(key="o:2")) is None  # released
@@ -170,6 +175,74 @@ def test_a_failed_handler_leaves_the_sequence_unchanged(
     assert applied(effects) == {"f": [1]}
 
 
+class Outcomes(DedupMetrics):
+    """Records each decision's outcome, per message id."""
+
+    def __init__(self) -> None:
+        self.seen: Dict[str, List[Outcome]] = collections.defaultdict(list)
+
+    def message(self, decision: Decision) -> None:
+        self.seen[decision.message.id].append(decision.outcome)
+
+
+def repeatable_read_client(driver: str) -> Any:
+    """A PostgreSQL client whose transactions are REPEATABLE READ: the server's default for its
+    sessions (a factory), the psycopg connection's isolation level (an engine's option)."""
+    if driver == "sqlalchemy+psycopg":
+        return make_client(driver, isolation_level="REPEATABLE READ")
+    return make_client(driver, options="-c default_transaction_isolation=repeatable\\ read")
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "sqlalchemy+psycopg"])
+def test_under_repeatable_read_a_step_that_waited_is_a_lock_conflict_then_applies(
+    driver: str, table: str, effects: EffectTable
+) -> None:
+    """PostgreSQL under REPEATABLE READ (the mode assumes READ COMMITTED, the default): step 2
+    of an entity waits for step 1's row and, once step 1 commits, fails with a serialization
+    error before its handler runs: RECONSUME_LATER, outcome lock_conflict. Its redelivery
+    applies it; each step applied once, in order."""
+    metrics = Outcomes()
+    client = repeatable_read_client(driver)
+    config = make_config(client, table, metrics=metrics)
+    config.persist.create_table()  # type: ignore[union-attr]
+    holding, release = threading.Event(), threading.Event()
+
+    class Holding(StepListener):
+        def do_handle_msg(self, msg: Any, conn: Any) -> Any:
+            level = execute(conn, "SHOW transaction_isolation").fetchall()[0][0]
+            assert level == "repeatable read"
+            if parse(msg)[1] == 1:
+                holding.set()
+                assert release.wait(20)
+            return super().do_handle_msg(msg, conn)
+
+    listener = Holding(config, effects, parse)
+    first = threading.Thread(target=listener, args=(step("rr", 1),))
+    first.start()
+    try:
+        assert holding.wait(20)
+        second: List[ConsumeStatus] = []
+        waiter = threading.Thread(target=lambda: second.append(listener(step("rr", 2))))
+        waiter.start()
+        deadline = time.monotonic() + 20
+        while not effects.db.waiting_on(f"{table}_seq"):
+            assert time.monotonic() < deadline, "step 2 never waited for step 1"
+            time.sleep(0.01)
+        release.set()
+        first.join(20)
+        waiter.join(20)
+        assert second == [LATER]
+        assert metrics.seen["rr:2"] == [Outcome.LOCK_CONFLICT]
+        assert listener(step("rr", 2)) is SUCCESS
+    finally:
+        release.set()
+        first.join(20)
+        listener.close()
+        dispose(client)
+    assert applied(effects) == {"rr": [1, 2]}
+    assert listener.calls == {"rr:1": 1, "rr:2": 1}
+
+
 def test_sequence_settings_are_validated() -> None:
     """sequence_mode is strict or latest; sequence_start an int (not a bool) in 64 bits."""
     config = DedupConfig.disable_dedup_consume_config("app")
@@ -189,6 +262,7 @@ def test_sequence_settings_are_validated() -> None:
 # -- the sample -----------------------------------------------------------------------------------
 
 
+@pytest.mark.mysql
 @pytest.mark.parametrize("driver", ["mysqlclient", "pymysql"])
 def test_the_order_sample_ships_every_order_once(driver: str, table: str) -> None:
     """samples/orders_exactly_once.py's listener, fed create/pay/ship sent 3, 1, 2 with

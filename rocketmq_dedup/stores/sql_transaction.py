@@ -1,0 +1,182 @@
+"""What the SQL databases' implementations of the exactly-once port
+(:mod:`rocketmq_dedup.stores.transaction`) share: one message's transaction as a chain of I/O
+steps that each database writes (:meth:`SqlTransaction._claim_key`, ``_lock_sequence``,
+``_commit_record``, ``_commit``, ``_rollback``), and around them the rules that are the same on
+MySQL and PostgreSQL:
+
+* every driver error of a step is wrapped once (the database's own classification: an outage, a
+  lock conflict, a refusal a person must fix, a defect), and a connection whose step raised is
+  never given to another message;
+* the handler runs with the calls that would end or reconfigure its transaction refused
+  (:meth:`refuse`, which also marks the transaction misused, so a handler that catches the
+  refusal and returns True still fails);
+* after the handler, :meth:`misuse` asks the database's implementation how the session is
+  (without a round trip where the driver knows), once;
+* :meth:`close` rolls back what is still open and gives the connection back only when nothing
+  went wrong with it; it never raises.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Any, Callable, Optional, TypeVar
+
+from rocketmq_dedup.errors import StoreError, TransactionMisuseError
+from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.stores.base import Record
+from rocketmq_dedup.stores.transaction import Entity, KeyClaim, SequenceStep, Transaction
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How a session that changed under the transaction (a reconnect) is told.
+RECONNECTED = "lost the session its transaction began on (a reconnect)"
+
+
+class SqlTransaction(Transaction):
+    """One message's transaction on a SQL database (module docstring).
+
+    :param wrap: the database's error for a driver error of these transactions.
+    """
+
+    def __init__(self, wrap: Callable[[BaseException], StoreError]) -> None:
+        self._wrap = wrap
+        self.broken = False  # a statement or the handler raised: never reuse the connection
+        self.misused: Optional[str] = None  # how the handler broke the transaction
+        self._open = True  # neither committed nor rolled back yet
+
+    # -- the database's steps ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
+        """:meth:`Transaction.claim_key`'s statements."""
+
+    @abc.abstractmethod
+    def _lock_sequence(self, entity: Entity) -> Optional[int]:
+        """:meth:`Transaction.lock_sequence`'s statements."""
+
+    @abc.abstractmethod
+    def _commit_record(
+        self,
+        element: DedupElement,
+        owner: str,
+        retention_ms: int,
+        applied: Optional[SequenceStep],
+    ) -> Optional[Record]:
+        """:meth:`Transaction.commit_record`'s statements; sets ``_open`` False once the
+        transaction ended (committed, or rolled back after a refusal)."""
+
+    @abc.abstractmethod
+    def _commit(self) -> None:
+        """COMMIT (and what must go with it)."""
+
+    @abc.abstractmethod
+    def _rollback(self) -> None:
+        """ROLLBACK (and what must go with it)."""
+
+    @abc.abstractmethod
+    def _session_misuse(self) -> Optional[str]:
+        """After the handler: how the session is unfit to commit (a reconnect, an ended
+        transaction, autocommit...), as a phrase that follows "do_handle_msg"; None when
+        intact."""
+
+    def _guard(self) -> None:
+        """Start refusing the calls that end or reconfigure the transaction (a proxy that
+        refuses at all times needs nothing here)."""
+
+    def _unguard(self) -> None:
+        """Stop refusing them."""
+
+    def _handler_raised(self, exc: BaseException) -> None:
+        """The handler raised ``exc``: by default its connection is never reused (it may have
+        left it mid-result)."""
+        self.broken = True
+
+    def _fit(self) -> bool:
+        """Whether the connection may serve another message once the transaction ended."""
+        return not self.broken and self.misused is None
+
+    @abc.abstractmethod
+    def _give_back(self, fit: bool) -> None:
+        """Give the connection back (``fit``) or discard it."""
+
+    # -- the port ------------------------------------------------------------------------------
+
+    def claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
+        return self._io(self._claim_key, element, entity)
+
+    def lock_sequence(self, entity: Entity) -> Optional[int]:
+        return self._io(self._lock_sequence, entity)
+
+    def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
+        self._guard()
+        try:
+            return handler(msg, self.conn)
+        except BaseException as exc:
+            self._handler_raised(exc)
+            raise
+        finally:
+            self._unguard()
+
+    def misuse(self) -> Optional[str]:
+        if self.misused is None:
+            self.misused = self._io(self._session_misuse)
+        return self.misused
+
+    def commit_record(
+        self,
+        element: DedupElement,
+        owner: str,
+        retention_ms: int,
+        applied: Optional[SequenceStep] = None,
+    ) -> Optional[Record]:
+        return self._io(self._commit_record, element, owner, retention_ms, applied)
+
+    def commit(self) -> None:
+        self._io(self._commit)
+        self._open = False
+
+    def close(self) -> None:
+        if self._open:
+            try:
+                self._rollback()
+            except BaseException:
+                self.broken = True  # the server rolls back and frees the locks when the
+                logger.debug("rollback failed; the connection will be discarded", exc_info=True)
+        self._open = False
+        try:
+            self._give_back(self._fit())
+        except Exception:
+            logger.debug("giving a transaction's connection back failed", exc_info=True)
+
+    # -- shared rules ----------------------------------------------------------------------------
+
+    def refuse(self, what: str) -> None:
+        """Called by the guards: record the misuse and raise it into the handler."""
+        if self.misused is None:
+            self.misused = f"called {what} on its connection"
+        raise TransactionMisuseError(
+            f"do_handle_msg called {what} on its connection: the listener ends the message's "
+            "transaction itself (return True to commit, False or raise to roll back), and the "
+            "connection is in use until then"
+        )
+
+    def _io(self, step: Callable[..., T], *args: Any) -> T:
+        """Run a step of the dedup layer; a driver error is wrapped once, and the connection
+        is not reused after any error."""
+        try:
+            return step(*args)
+        except (StoreError, TransactionMisuseError):
+            self.broken = True
+            raise
+        except Exception as exc:
+            self.broken = True
+            raise self._wrap(exc) from exc
+        except BaseException:
+            self.broken = True
+            raise
+
+
+__all__ = ["RECONNECTED", "SqlTransaction"]
