@@ -50,6 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
 from rocketmq_dedup.config import DEFAULT_RECORD_RESERVE_MINUTES
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.owner import claimed_at
+from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores import make_store
 from rocketmq_dedup.stores.base import PROBE_APPLICATION, DedupStore, Record
 from rocketmq_dedup.stores.mysql import DEFAULT_TABLE_NAME, MySQLDedupStore, schema_statements
@@ -310,12 +311,15 @@ def record_rows(record: Record) -> List[Tuple[str, str]]:
     at = claimed_at(record.owner or "")
     status = record.status.value if record.status is not None else "unreadable"
     colour = {"CONSUMED": "green", "CONSUMING": "yellow"}.get(status, "red")
-    return [
+    rows = [
         ("status", click.style(status, fg=colour)),
         ("owner", record.owner or "unknown"),
         ("claimed", f"{duration((time.time() - at) * 1000)} ago" if at else "unknown"),
         ("time left", duration(record.expires_in_ms)),
     ]
+    if record.status is DedupStatus.FAILED:  # why it can never succeed
+        rows.append(("reason", record.reason or "unknown (a table without failure_reason)"))
+    return rows
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -357,7 +361,7 @@ def live_record(store: DedupStore, element: DedupElement) -> Record:
 @store_options
 @element_options
 def inspect(store: DedupStore, element: DedupElement) -> None:
-    """Show the record of KEY: status, owner, age, time left."""
+    """Show the record of KEY: status, owner, age, time left (and a FAILED record's reason)."""
     print_table(record_rows(live_record(store, element)))
 
 

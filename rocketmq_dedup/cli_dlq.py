@@ -98,7 +98,7 @@ def status_cell(record: Optional[Record]) -> str:
     if record is None:
         return "none"
     status = record.status.value if record.status is not None else "unreadable"
-    reason = getattr(record, "reason", None)
+    reason = record.reason
     return f"{status} ({reason})" if reason else status
 
 
@@ -235,9 +235,7 @@ def record_section(context: Context, letter: DeadLetter) -> List[Tuple[str, str]
     record = context.record(letter)
     if record is None:
         return [("record", "none")]
-    rows = record_rows(record)
-    reason = getattr(record, "reason", None)
-    return rows + ([("reason", str(reason))] if reason else [])
+    return record_rows(record)  # (a FAILED record's reason among them)
 
 
 @dlq.command()

@@ -32,6 +32,7 @@ from rocketmq_dedup.metrics.meter import Meter, meter_for
 from rocketmq_dedup.status import (
     ExactlyOnceClaim,
     PayloadMismatch,
+    PermanentFailurePolicy,
     SequenceMode,
     StoreFailurePolicy,
 )
@@ -57,6 +58,8 @@ MAX_LOCAL_RETRIES = 100
 #: The largest ``max_reconsume_times`` (past the last delay level each retry waits 2 h: this
 #: many is over 14 years of retries).
 MAX_RECONSUME_TIMES = 65_535
+#: The largest ``max_lapsed_claims``.
+MAX_LAPSED_CLAIMS = 1000
 _METRICS_METHODS = ("message", "store_operation", "leases")
 
 
@@ -94,6 +97,9 @@ class Snapshot:
     local_retry_backoff_ms: int
     max_reconsume_times: int
     max_delivery_delay_ms: int
+    permanent_failure: PermanentFailurePolicy
+    max_lapsed_claims: int
+    """0: never park a message for its lapsed claims."""
 
 
 class Setting(Generic[T]):
@@ -339,6 +345,28 @@ class DedupConfig:
         "minutes: added to the redelivery horizon (max_reconsume_times). 0 by default.",
     )
 
+    permanent_failure = Setting[Union[str, PermanentFailurePolicy]](
+        PermanentFailurePolicy.DLQ,
+        _choice(PermanentFailurePolicy),
+        "permanent_failure",
+        "What a message that can never succeed gets (its handler raised PermanentFailure, or "
+        "it was parked by max_lapsed_claims), once recorded FAILED, and every copy of it "
+        "after, without the handler: 'dlq' (RECONSUME_LATER until the broker's retries are "
+        "spent and it dead-letters the message) or 'ack' (CONSUME_SUCCESS; the FAILED record "
+        "keeps the reason for the retention).",
+        reads_checked=True,
+    )
+    max_lapsed_claims = Setting[int](
+        0,
+        _count(MAX_LAPSED_CLAIMS),
+        "max_lapsed_claims",
+        "Park a message whose handler kills its consumer (SIGKILL, OOM, a native fault): when "
+        "this many claims of it lapsed with their consumer gone (taken over after their "
+        "lease, never settled), it is recorded FAILED and answered as permanent_failure "
+        "says instead of run again. 0 (the default): never; 3 is a sound value with lease "
+        "renewal on (a stalled process whose lease lapsed once is not parked for it).",
+    )
+
     def __init__(
         self,
         application_name: str,
@@ -438,6 +466,8 @@ class DedupConfig:
                 meter=meter_for(used["metrics"], self.application_name),
                 **used,
             )
+            if snapshot.max_lapsed_claims and self.store is not None:
+                self.store.count_lapses()  # (a Redis store counts only once asked)
         return snapshot
 
     @property

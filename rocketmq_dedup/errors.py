@@ -64,6 +64,27 @@ class StoreLockConflictError(StoreError):
     counts it apart (outcome ``lock_conflict``). Chained to the driver's error."""
 
 
+class PermanentFailure(DedupError):
+    """Raised (or returned) by ``do_handle_msg`` when its message can never succeed (an invalid
+    payload, a business rule it breaks): retrying it would only fail again, 16 times over hours.
+
+    The listener records the message FAILED with ``reason`` (its first
+    :data:`~rocketmq_dedup.stores.base.MAX_REASON_LENGTH` characters; the exception's class name
+    when empty) for the retention, logs it, counts it (outcome ``permanent_failure``) and
+    answers as the ``permanent_failure`` setting says: RECONSUME_LATER until the broker
+    dead-letters it (``"dlq"``, the default) or CONSUME_SUCCESS (``"ack"``). A copy of the
+    message is answered the same way without the handler; ``rocketmq-dedup inspect`` shows the
+    reason. No local retry runs after it. In the exactly-once mode the handler's writes are
+    rolled back and the FAILED record alone is committed.
+
+    ``raise PermanentFailure("amount must be positive") from exc`` keeps the cause in the log.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+
 class TransactionMisuseError(DedupError):
     """An exactly-once handler tried to end or reconfigure the transaction it was given
     (``commit()``, ``rollback()``, ``close()``, autocommit, a reconnecting ``ping``), or left its

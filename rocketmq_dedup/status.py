@@ -21,6 +21,12 @@ class DedupStatus(enum.StrEnum):
     """A consumer holds a lease on the message and is running its handler."""
     CONSUMED = "CONSUMED"
     """The handler succeeded; duplicates are acknowledged without running it."""
+    FAILED = "FAILED"
+    """The message can never succeed: its handler raised
+    :class:`~rocketmq_dedup.errors.PermanentFailure`, or it was parked as a poison message (its
+    claims lapsed ``max_lapsed_claims`` times with their consumer gone). The record keeps the
+    reason for the retention, and a copy is answered as ``permanent_failure`` says, without
+    the handler."""
 
 
 class StoreFailurePolicy(enum.StrEnum):
@@ -30,6 +36,19 @@ class StoreFailurePolicy(enum.StrEnum):
     """Run the handler without dedup (at-least-once; a warning is logged). The default."""
     RECONSUME_LATER = "reconsume_later"
     """Answer RECONSUME_LATER and leave the message to the broker's retry."""
+
+
+class PermanentFailurePolicy(enum.StrEnum):
+    """What a message that can never succeed gets, once recorded FAILED, and every copy of it
+    after (the ``permanent_failure`` setting)."""
+
+    DLQ = "dlq"
+    """RECONSUME_LATER, without the handler, on this and every later delivery, until the
+    broker's retries are spent and it moves the message to ``%DLQ%<group>`` for a person to
+    look at (what each client makes of it: the README's dead letters section). The default."""
+    ACK = "ack"
+    """CONSUME_SUCCESS: the message is done with; its FAILED record (and the log) keep the
+    reason for the retention."""
 
 
 class ExactlyOnceClaim(enum.StrEnum):
@@ -70,6 +89,16 @@ class Outcome(enum.StrEnum):
     """Claimed; the handler ran and succeeded; recorded CONSUMED."""
     FAILED = "failed"
     """Claimed; the handler asked for a retry or raised; the claim was released."""
+    PERMANENT_FAILURE = "permanent_failure"
+    """Claimed; the handler raised (or returned) :class:`~rocketmq_dedup.errors.PermanentFailure`:
+    recorded FAILED with its reason and answered as ``permanent_failure`` says."""
+    POISON_PARKED = "poison_parked"
+    """Claimed after ``max_lapsed_claims`` claims of the message lapsed with their consumer gone
+    (its handler kills the process): recorded FAILED without running the handler again, and
+    answered as ``permanent_failure`` says."""
+    DUPLICATE_FAILED = "duplicate_failed"
+    """A copy of a FAILED message: answered as ``permanent_failure`` says, without the
+    handler."""
     DUPLICATE_CONSUMED = "duplicate_consumed"
     """A duplicate of a CONSUMED message: acked without the handler (in the exactly-once mode
     also a stale sequence step, and a copy whose commit found the record of another)."""

@@ -255,7 +255,8 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
 
 class DuckStore:
     """A user's own store, duck-typed (``claim``, ``mark_consumed``, ``release``, ``renew``,
-    ``get_status``), as ``DedupConfig`` accepts it through the adapter; records in memory."""
+    ``get_status``, ``mark_failed``, ``read``), as ``DedupConfig`` accepts it through the
+    adapter; records in memory."""
 
     def __init__(self) -> None:
         from rocketmq_dedup import MemoryDedupStore
@@ -276,6 +277,12 @@ class DuckStore:
 
     def get_status(self, element: Any) -> Any:
         return self._records.get_status(element)
+
+    def mark_failed(self, element: Any, owner: str, retention_ms: int, reason: str) -> None:
+        self._records.mark_failed(Claim(element, owner), retention_ms, reason)
+
+    def read(self, element: Any) -> Any:
+        return self._records.read(element)
 
 
 def outcome(result: Any) -> Any:

@@ -34,6 +34,9 @@ class StoreOp(enum.StrEnum):
     """Exactly-once mode: reading records (a redelivery's look-up, a refused commit's record)."""
     COMMIT = "commit"
     """Exactly-once mode: the dedup record's INSERT with the transaction's COMMIT."""
+    MARK_FAILED = "mark_failed"
+    """A FAILED record written (a permanent failure, a parked poison message); in the
+    exactly-once mode with its own COMMIT, the handler's writes rolled back."""
 
 
 class Decision(NamedTuple):

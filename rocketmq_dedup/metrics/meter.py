@@ -95,6 +95,11 @@ class Meter:
         when it returns."""
         return fn(*args)
 
+    def kept(self, message: Reported, op: StoreOp, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, a store call of ``message`` alone (e.g. its FAILED record), timed
+        and kept with it: reported with its decision, whichever path it took."""
+        return fn(*args)
+
     def report(self, messages: Iterable[Reported]) -> None:
         """The decisions of these messages (their store calls were reported by
         :meth:`store_call`)."""
@@ -173,8 +178,20 @@ class Metered(Meter):
         self._store_operation(op, time.perf_counter() - begin, True)
         return result
 
+    def kept(self, message: Reported, op: StoreOp, fn: Callable[..., T], *args: Any) -> T:
+        begin = time.perf_counter()
+        try:
+            result = fn(*args)
+        except BaseException:
+            _keep(message, op, begin, False)
+            raise
+        _keep(message, op, begin, True)
+        return result
+
     def report(self, messages: Iterable[Reported]) -> None:
         for message in messages:
+            for op, seconds, ok in message.store_calls:  # (kept: a message's own calls)
+                self._store_operation(op, seconds, ok)
             outcome = message.outcome
             if outcome is not None:
                 self._decided(message, outcome)

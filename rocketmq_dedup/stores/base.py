@@ -29,6 +29,12 @@ Contract every store honours (tested in ``tests/shared/store_contract.py``):
   the claim (a success is never lost, and a CONSUMED record is never downgraded).
 * ``release`` deletes the record only if it is still a CONSUMING claim of that owner;
   ``renew_many`` extends a lease under the same condition.
+* ``mark_failed`` leaves a FAILED record with its reason (at most :data:`MAX_REASON_LENGTH`
+  characters) that lives ``retention_ms``, unless the record is CONSUMED (a success is never
+  downgraded); a FAILED record refuses claims like a CONSUMED one.
+* A claim reports how many claims of its element before it lapsed with their consumer gone
+  (:attr:`ClaimResult.lapsed`: an expired CONSUMING claim taken over), since the record was
+  last settled (marked, failed or released; a record that expired settled counts from 0).
 """
 
 from __future__ import annotations
@@ -70,6 +76,19 @@ PROBE_TOPIC = "rocketmq-dedup-probe"
 PROBE_APPLICATION = "rocketmq-dedup"
 PROBE_LEASE_MS = 60_000
 
+#: The longest reason a FAILED record keeps, in characters (a ``VARCHAR(255)`` column).
+MAX_REASON_LENGTH = 255
+
+
+def bounded_reason(reason: object) -> str:
+    """A FAILED record's reason as the stores keep it: its text, whitespace runs (line breaks
+    too) as one space, at most :data:`MAX_REASON_LENGTH` characters (the last one an ellipsis
+    when cut; a NUL, which PostgreSQL's text refuses, as U+FFFD)."""
+    text = " ".join(str(reason).replace("\x00", "\ufffd").split())
+    if len(text) > MAX_REASON_LENGTH:
+        text = text[: MAX_REASON_LENGTH - 1] + "\u2026"
+    return text
+
 
 class Claim(NamedTuple):
     """One attempt's hold on an element: what a claim creates, and what marking, releasing and
@@ -94,6 +113,8 @@ class Record(NamedTuple):
     element: Optional[DedupElement] = None
     """Its element, when read by element or listed (on MySQL a listed record has the readable
     columns: the first 255 characters of each field)."""
+    reason: Optional[str] = None
+    """A FAILED record's reason, when the store reports it (``read``)."""
 
 
 class ClaimResult(NamedTuple):
@@ -103,6 +124,12 @@ class ClaimResult(NamedTuple):
     """True when this caller now owns a CONSUMING record for the element."""
     record: Optional[Record] = None
     """When not claimed: the live record in the way."""
+    lapsed: int = 0
+    """When claimed: how many claims of the element before this one lapsed with their
+    consumer gone (an expired CONSUMING claim taken over: its handler never ended, the process
+    died in it), since the record was last settled. 0 for a fresh claim, and from a store that
+    does not count them (a Redis store counts only once :meth:`DedupStore.count_lapses` was
+    called)."""
 
     @property
     def status(self) -> Optional[DedupStatus]:
@@ -166,7 +193,8 @@ def new_claim(element: DedupElement, owner: str) -> Claim:
 def refused_by(status: Optional[DedupStatus], owner: Optional[str]) -> ClaimResult:
     """``ClaimResult(False, Record(status, owner))``, a claim refused by a live record: for a
     store's path of every duplicate."""
-    return tuple.__new__(ClaimResult, (False, tuple.__new__(Record, (status, owner, None, None))))
+    record = tuple.__new__(Record, (status, owner, None, None, None))
+    return tuple.__new__(ClaimResult, (False, record, 0))
 
 
 CLAIMED = ClaimResult(True)
@@ -212,6 +240,18 @@ class DedupStore(abc.ABC):
             self._call(self.do_mark_consumed, claims[0], retention_ms)
         elif claims:
             self._call(self.do_mark_consumed_many, claims, retention_ms)
+
+    def mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        """Record the claim's element FAILED with ``reason`` (:func:`bounded_reason`) for
+        ``retention_ms`` milliseconds, whoever holds it now, unless it is CONSUMED (a success
+        is never downgraded). Settles the record: its lapsed claims count from 0 again."""
+        self._call(self.do_mark_failed, claim, retention_ms, bounded_reason(reason))
+
+    def count_lapses(self) -> None:  # noqa: B027 - optional hook
+        """Count lapsed claims from now on (:attr:`ClaimResult.lapsed`; the config calls it
+        when ``max_lapsed_claims`` is set). The SQL and memory stores always count (the record
+        of a lapsed claim stays until it is purged or swept); the Redis store's record vanishes
+        with its lease, so it keeps a counter beside it, at a cost, only once asked."""
 
     def release(self, claim: Claim) -> bool:
         """Delete the CONSUMING claim; False if it is no longer this owner's."""
@@ -390,6 +430,9 @@ class DedupStore(abc.ABC):
     @abc.abstractmethod
     def do_release_many(self, claims: Sequence[Claim]) -> int: ...
 
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot record FAILED")
+
     @abc.abstractmethod
     def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]: ...
 
@@ -508,11 +551,14 @@ def count_statuses(records: List[Record]) -> Dict[str, int]:
 
 
 def parse_status(value: Optional[str]) -> Optional[DedupStatus]:
-    """Map a stored status text (``CONSUMING``, ``CONSUMED``, optionally ``:owner``) to the enum."""
+    """Map a stored status text (``CONSUMING``, ``CONSUMED``, ``FAILED``, optionally
+    ``:owner``) to the enum."""
     if not value:
         return None
     if value.startswith("CONSUMED"):
         return DedupStatus.CONSUMED
     if value.startswith("CONSUMING"):
         return DedupStatus.CONSUMING
+    if value.startswith("FAILED"):
+        return DedupStatus.FAILED
     return None

@@ -19,7 +19,9 @@ def looks_like_store(obj: object) -> bool:
 class ForeignStore(PerElementStore):
     """Forwards to an object with ``claim(element, owner, lease_ms)``,
     ``mark_consumed(element, owner, retention_ms)``, ``release(element, owner) -> bool`` and,
-    optionally, ``renew(element, owner, lease_ms) -> bool``, ``get_status(element)`` and
+    optionally, ``renew(element, owner, lease_ms) -> bool``, ``mark_failed(element, owner,
+    retention_ms, reason)`` (FAILED records: without it a permanent failure is answered but not
+    recorded), ``read(element) -> Optional[Record]`` (else ``get_status(element)``) and
     ``check()``. ``claim`` answers a :class:`ClaimResult`, or a tuple ``(claimed, status)`` or
     ``(claimed, status, owner)`` (``status``: the refusing record's :class:`DedupStatus`, None
     when unreadable). An outage is what it raises as ``ConnectionError``, ``TimeoutError`` (any
@@ -44,7 +46,17 @@ class ForeignStore(PerElementStore):
     def do_release(self, claim: Claim) -> bool:
         return bool(self.target.release(claim.element, claim.owner))
 
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        mark_failed = getattr(self.target, "mark_failed", None)
+        if not callable(mark_failed):
+            raise NotImplementedError(f"{self.describe()} has no mark_failed: FAILED not recorded")
+        mark_failed(claim.element, claim.owner, retention_ms, reason)
+
     def do_read(self, element: DedupElement) -> Optional[Record]:
+        reader = getattr(self.target, "read", None)
+        if callable(reader):
+            record: Optional[Record] = reader(element)
+            return record
         getter = getattr(self.target, "get_status", None)
         status = getter(element) if callable(getter) else None
         return Record(_status(status), element=element) if status is not None else None

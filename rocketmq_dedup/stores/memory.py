@@ -19,14 +19,16 @@ from rocketmq_dedup.stores.base import (
     refused_by,
 )
 
-#: A record: (consumed, owner, expires at in clock seconds), kept under its element's fields as
-#: a plain tuple. Neither holds anything the cyclic GC tracks (a bool, str and float; a tuple of
-#: str), so the GC stops walking a record after its first collection: kept as a DedupElement
-#: and a DedupStatus, every record stayed tracked, and the collections walking a large store
-#: cost 0.9 us per fresh message (memory_fresh, about a sixth of it).
-_Entry = Tuple[bool, str, float]
+#: A record: (state, owner, expires at in clock seconds, lapsed claims, reason), kept under its
+#: element's fields as a plain tuple. None holds anything the cyclic GC tracks (ints, str, float,
+#: None; a tuple of str), so the GC stops walking a record after its first collection: kept as a
+#: DedupElement and a DedupStatus, every record stayed tracked, and the collections walking a
+#: large store cost 0.9 us per fresh message (memory_fresh, about a sixth of it).
+_Entry = Tuple[int, str, float, int, Optional[str]]
 _Key = Tuple[str, str, str, str]
-_STATUS = {True: DedupStatus.CONSUMED, False: DedupStatus.CONSUMING}
+#: The state of an entry (its first field): 0 CONSUMING (false: the one unsettled state).
+_CONSUMING, _CONSUMED, _FAILED = 0, 1, 2
+_STATUS = (DedupStatus.CONSUMING, DedupStatus.CONSUMED, DedupStatus.FAILED)
 
 
 #: Expired records are swept when the store has grown by this many records since the last
@@ -61,16 +63,17 @@ class MemoryDedupStore(PerElementStore):
 
     def _sweep(self, now: float) -> int:
         """Drop expired records (holds the lock); the next sweep waits for twice the size."""
-        dead = [e for e, (_, _, exp) in self._records.items() if exp <= now]
+        dead = [e for e, entry in self._records.items() if entry[2] <= now]
         for element in dead:
             del self._records[element]
         self._sweep_at = 2 * len(self._records) + SWEEP_MIN_GROWTH
         return len(dead)
 
     def _live(self, element: DedupElement, now: float) -> Optional[_Entry]:
+        """The live entry of ``element``; an expired one stays until it is taken over or swept
+        (a lapsed claim's count lives in it)."""
         record = self._records.get(element)
         if record is not None and record[2] <= now:
-            del self._records[element]
             return None
         return record
 
@@ -88,11 +91,15 @@ class MemoryDedupStore(PerElementStore):
             lock.acquire()
             try:
                 entry = records.get(element)
-                if entry is None or entry[2] <= now:  # none, or expired (_live, inlined)
-                    records[element[:]] = (False, owner, now + lease_ms / 1000)
+                if entry is None:  # fresh
+                    records[element[:]] = (_CONSUMING, owner, now + lease_ms / 1000, 0, None)
                     if len(records) >= self._sweep_at:
                         self._sweep(now)
                     return CLAIMED
+                if entry[2] <= now:  # expired: taken over (a lapsed claim counts)
+                    lapsed = entry[3] + 1 if entry[0] == _CONSUMING else 0
+                    records[element] = (_CONSUMING, owner, now + lease_ms / 1000, lapsed, None)
+                    return ClaimResult(True, None, lapsed) if lapsed else CLAIMED
             finally:
                 lock.release()
         return refused_by(_STATUS[entry[0]], entry[1])
@@ -102,14 +109,22 @@ class MemoryDedupStore(PerElementStore):
         lock = self._lock
         lock.acquire()
         try:
-            self._records[claim[0]] = (True, claim[1], expires)
+            self._records[claim[0]] = (_CONSUMED, claim[1], expires, 0, None)
         finally:
             lock.release()
+
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        now = self._clock()
+        with self._lock:
+            entry = self._live(claim.element, now)
+            if entry is None or entry[0] != _CONSUMED:
+                entry = (_FAILED, claim.owner, now + retention_ms / 1000, 0, reason)
+                self._records[claim.element] = entry
 
     def do_release(self, claim: Claim) -> bool:
         with self._lock:
             entry = self._live(claim.element, self._clock())
-            if entry is not None and not entry[0] and entry[1] == claim.owner:
+            if entry is not None and entry[0] == _CONSUMING and entry[1] == claim.owner:
                 del self._records[claim.element]
                 return True
         return False
@@ -120,10 +135,11 @@ class MemoryDedupStore(PerElementStore):
         with self._lock:
             for element, owner in claims:
                 entry = self._live(element, now)
-                owned = entry is not None and not entry[0] and entry[1] == owner
-                if owned:
-                    self._records[element] = (False, owner, now + lease_ms / 1000)
-                results.append(owned)
+                if entry is None or entry[0] != _CONSUMING or entry[1] != owner:
+                    results.append(False)
+                    continue
+                self._records[element] = (_CONSUMING, owner, now + lease_ms / 1000, entry[3], None)
+                results.append(True)
         return results
 
     def do_read(self, element: DedupElement) -> Optional[Record]:
@@ -137,12 +153,13 @@ class MemoryDedupStore(PerElementStore):
     @staticmethod
     def _record(element: _Key, entry: _Entry, now: float) -> Record:
         expires_in_ms = max(0, round((entry[2] - now) * 1000))
-        return Record(_STATUS[entry[0]], entry[1], expires_in_ms, DedupElement._make(element))
+        element_ = DedupElement._make(element)
+        return Record(_STATUS[entry[0]], entry[1], expires_in_ms, element_, entry[4])
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
         with self._lock:
             entry = self._live(element, self._clock())
-            if entry is None or (entry[0] and not force):
+            if entry is None or (entry[0] != _CONSUMING and not force):
                 return None
             del self._records[element]
         return _STATUS[entry[0]]

@@ -69,6 +69,14 @@ class SqlTransaction(Transaction):
         transaction ended (committed, or rolled back after a refusal)."""
 
     @abc.abstractmethod
+    def _commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        """:meth:`Transaction.commit_failure`'s statements: roll the handler's writes back,
+        then the FAILED record alone and COMMIT; sets ``_open`` False once the transaction
+        ended."""
+
+    @abc.abstractmethod
     def _commit(self) -> None:
         """COMMIT (and what must go with it)."""
 
@@ -133,6 +141,11 @@ class SqlTransaction(Transaction):
         applied: Optional[SequenceStep] = None,
     ) -> Optional[Record]:
         return self._io(self._commit_record, element, owner, retention_ms, applied)
+
+    def commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        return self._io(self._commit_failure, element, owner, retention_ms, reason)
 
     def commit(self) -> None:
         self._io(self._commit)

@@ -13,6 +13,8 @@ attribute); each message gets one :class:`Transaction` from it, used in this ord
                  when no statement carried it yet; nothing on MySQL)
     run_handler  the user's handler on :attr:`Transaction.conn`; then :meth:`misuse`
     commit_record the CONSUMED record [and the entity's new sequence number], then COMMIT
+    commit_failure (the handler declared a permanent failure) ROLLBACK of its writes, then the
+                 FAILED record alone and COMMIT
     commit       (a message without a dedup key) COMMIT alone
     close        always: rolls back whatever is still open and gives the connection back, or
                  discards it when it may be unfit for another message
@@ -123,6 +125,18 @@ class Transaction(abc.ABC):
         few round trips as the connection allows. Returns None when committed, else the live
         record of another attempt that refused it (nothing was committed; :meth:`close` rolls
         back). An expired record in the way is replaced in the same transaction."""
+
+    @abc.abstractmethod
+    def commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        """Roll back the handler's writes (and nothing else: a key's lock taken by
+        :meth:`claim_key` stays held), then write the FAILED record with ``reason`` (at most
+        :data:`~rocketmq_dedup.stores.base.MAX_REASON_LENGTH` characters; on a table without a
+        reason column, the record without it) and COMMIT it alone, in a transaction of its
+        own on the same connection. No sequence step is applied. Returns None when committed,
+        else the live record of another attempt that refused it (nothing was committed); an
+        expired record in the way is replaced, as :meth:`commit_record` does."""
 
     @abc.abstractmethod
     def commit(self) -> None:

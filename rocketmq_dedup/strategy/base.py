@@ -18,7 +18,9 @@ the snapshot's :class:`~rocketmq_dedup.metrics.meter.Meter`, not branched on per
 
 The decisions shared by both dedup strategies live here too: what a refusing record means
 (:data:`DUPLICATE_ANSWERS`, :meth:`DedupTemplate._duplicate_status` with the payload check),
-what a store outage does (:meth:`DedupTemplate._store_failed`), hooks that raise, local retries.
+what a store outage does (:meth:`DedupTemplate._store_failed`), what a message that can never
+succeed gets (:meth:`DedupTemplate._permanent_failure`, :meth:`DedupTemplate._park`: the
+``permanent_failure`` setting, :data:`FAILED_ANSWERS`), hooks that raise, local retries.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import (
 from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.config import DedupConfig, Snapshot
 from rocketmq_dedup.errors import (
+    PermanentFailure,
     StoreError,
     StoreLockConflictError,
     StoreMisconfiguredError,
@@ -56,10 +59,19 @@ from rocketmq_dedup.status import (
     DedupStatus,
     Outcome,
     PayloadMismatch,
+    PermanentFailurePolicy,
     StoreFailurePolicy,
 )
 from rocketmq_dedup.stores.base import Claim, DedupStore, Record, new_element
-from rocketmq_dedup.strategy.rules import LATER, SUCCESS, KeyRefused, key_text, run_handler
+from rocketmq_dedup.strategy.rules import (
+    LATER,
+    SUCCESS,
+    HandlerResult,
+    KeyRefused,
+    failure_reason,
+    key_text,
+    run_handler,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -128,28 +140,40 @@ class PassThroughStrategy(Strategy):
         return statuses
 
     def _handle(self, msg: Any, snap: Optional[Snapshot]) -> ConsumeStatus:
-        status = run_handler(self.hooks.listener.do_handle_msg, msg)
-        if status is SUCCESS or snap is None or not snap.local_retries:
-            return status
-        return retry_locally(
-            lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, status
+        result = run_handler(self.hooks.listener.do_handle_msg, msg)
+        if result is not SUCCESS and snap is not None and snap.local_retries:
+            result = retry_locally(
+                lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, result
+            )
+        if not isinstance(result, PermanentFailure):
+            return result
+        policy = snap.permanent_failure if snap is not None else PermanentFailurePolicy.DLQ
+        logger.warning(
+            "do_handle_msg declared a permanent failure (%s); dedup is off, so nothing is "
+            "recorded: answered %s (permanent_failure=%r)",
+            failure_reason(result),
+            FAILED_ANSWERS[policy].name,
+            policy.value,
         )
+        return FAILED_ANSWERS[policy]
 
 
 def retry_locally(
-    attempt: Callable[[], ConsumeStatus], snap: Snapshot, status: ConsumeStatus
-) -> ConsumeStatus:
+    attempt: Callable[[], HandlerResult], snap: Snapshot, result: HandlerResult
+) -> HandlerResult:
     """Run ``attempt`` again after a failed one, up to ``snap.local_retries`` times, waiting
     ``local_retry_backoff_ms`` before the first retry and twice as long before each next one;
-    the last answer."""
+    the last answer (a permanent failure ends the retries: it would only fail again)."""
+    if isinstance(result, PermanentFailure):
+        return result
     backoff = snap.local_retry_backoff_ms / 1000
     for _ in range(snap.local_retries):
         time.sleep(backoff)
         backoff *= 2
-        status = attempt()
-        if status is SUCCESS:
+        result = attempt()
+        if result is SUCCESS or isinstance(result, PermanentFailure):
             break
-    return status
+    return result
 
 
 class Delivery:
@@ -170,6 +194,9 @@ class Delivery:
     """How long the handler ran (0.0 without metrics: the meter's clock reads 0)."""
     fingerprint: Optional[str] = None
     """The payload's, with payload_fingerprint."""
+    failure: Optional[str] = None
+    """The reason to record it FAILED with: a permanent failure its handler declared, or a
+    poison message parked."""
     claim_seconds: Optional[float] = None
     mark_seconds: Optional[float] = None
     store_calls: Tuple[StoreCall, ...] = ()
@@ -191,6 +218,18 @@ class Delivery:
 DUPLICATE_ANSWERS: Dict[Optional[DedupStatus], Tuple[Outcome, ConsumeStatus]] = {
     DedupStatus.CONSUMED: (Outcome.DUPLICATE_CONSUMED, SUCCESS),
     DedupStatus.CONSUMING: (Outcome.DUPLICATE_IN_PROGRESS, LATER),
+    DedupStatus.FAILED: (Outcome.DUPLICATE_FAILED, LATER),  # the answer: FAILED_ANSWERS
+}
+
+#: (an enum member read from a module global: a class attribute read costs more, on the path of
+#: every duplicate)
+_FAILED = DedupStatus.FAILED
+
+#: What a message that can never succeed is answered (recorded FAILED, and every copy of it
+#: after), by the ``permanent_failure`` setting.
+FAILED_ANSWERS: Dict[PermanentFailurePolicy, ConsumeStatus] = {
+    PermanentFailurePolicy.DLQ: LATER,
+    PermanentFailurePolicy.ACK: SUCCESS,
 }
 
 
@@ -385,7 +424,7 @@ class DedupTemplate(Strategy):
             return self._payload_mismatch(delivery, status, snap)  # type: ignore[arg-type]
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%r: a duplicate of a %s record", delivery.element, status)
-        return self._duplicate(delivery, status)  # type: ignore[arg-type]
+        return self._duplicate(delivery, status, snap)  # type: ignore[arg-type]
 
     def _payload_mismatch(
         self, delivery: Delivery, status: DedupStatus, snap: Snapshot
@@ -401,15 +440,18 @@ class DedupTemplate(Strategy):
             delivery.element,
             "consume later (payload_mismatch='reject')" if reject else "treated as a duplicate",
         )
-        answer = LATER if reject else self._duplicate(delivery, status)
+        answer = LATER if reject else self._duplicate(delivery, status, snap)
         delivery.outcome = Outcome.PAYLOAD_MISMATCH
         return answer
 
-    def _duplicate(self, delivery: Delivery, status: DedupStatus) -> ConsumeStatus:
+    def _duplicate(self, delivery: Delivery, status: DedupStatus, snap: Snapshot) -> ConsumeStatus:
         """A duplicate answered without its handler (:data:`DUPLICATE_ANSWERS`): acked when
-        its twin is CONSUMED, else RECONSUME_LATER. Calls the listener's ``on_duplicate`` (its
-        exceptions are logged, no more)."""
+        its twin is CONSUMED, RECONSUME_LATER when it is CONSUMING, and a copy of a FAILED
+        message as ``permanent_failure`` says (:data:`FAILED_ANSWERS`). Calls the listener's
+        ``on_duplicate`` (its exceptions are logged, no more)."""
         delivery.outcome, answer = DUPLICATE_ANSWERS[status]
+        if status is _FAILED:
+            answer = FAILED_ANSWERS[snap.permanent_failure]
         on_duplicate = self.hooks.on_duplicate
         if on_duplicate is not None:
             try:
@@ -417,6 +459,49 @@ class DedupTemplate(Strategy):
             except Exception:
                 self._log.log(logging.ERROR, "on_duplicate raised; ignored", exc_info=True)
         return answer
+
+    def _permanent_failure(
+        self, delivery: Delivery, failure: PermanentFailure, snap: Snapshot
+    ) -> ConsumeStatus:
+        """The handler declared that its message can never succeed: to be recorded FAILED
+        with the reason (by the strategy's finish step, when it holds a claim), logged,
+        counted, and answered as ``permanent_failure`` says (:data:`FAILED_ANSWERS`)."""
+        delivery.failure = failure_reason(failure)
+        delivery.outcome = Outcome.PERMANENT_FAILURE
+        answer = FAILED_ANSWERS[snap.permanent_failure]
+        self._log.log(
+            logging.WARNING,
+            "%r: do_handle_msg declared a permanent failure (%s); answered %s, without "
+            "retries (permanent_failure=%r)",
+            delivery.element or message_topic(delivery.msg),
+            delivery.failure,
+            answer.name,
+            snap.permanent_failure.value,
+        )
+        return answer
+
+    def _park(self, delivery: Delivery, lapsed: int, snap: Snapshot) -> bool:
+        """Whether a message claimed after ``lapsed`` claims of it lapsed with their consumer
+        gone is parked (``max_lapsed_claims``: its handler kills its consumer): then it is to be
+        recorded FAILED, logged, counted and answered as ``permanent_failure`` says, and its
+        handler does not run again."""
+        most = snap.max_lapsed_claims
+        if not most or lapsed < most:
+            return False
+        delivery.failure = f"its handler ended {lapsed} consumers (claims lapsed, never settled)"
+        delivery.outcome = Outcome.POISON_PARKED
+        delivery.status = answer = FAILED_ANSWERS[snap.permanent_failure]
+        self._log.log(
+            logging.ERROR,
+            "%r: a poison message: %s; parked (recorded FAILED, not run again: "
+            "max_lapsed_claims=%d), answered %s (permanent_failure=%r)",
+            delivery.element,
+            delivery.failure,
+            most,
+            answer.name,
+            snap.permanent_failure.value,
+        )
+        return True
 
     # -- metrics -------------------------------------------------------------------------
 

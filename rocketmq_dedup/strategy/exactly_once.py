@@ -24,6 +24,15 @@ session holds -> RECONSUME_LATER at once, whatever locks that copy's transaction
 CONSUMED record -> acked; else the handler runs holding the lock, which the COMMIT's round trip
 frees. Lock first, then read: a copy that committed and freed the lock is always seen.
 
+A handler that raises (or returns) :class:`~rocketmq_dedup.errors.PermanentFailure`: its writes
+are rolled back and the FAILED record, with the reason, is committed alone on the same
+connection (the port's ``commit_failure``; a key lock taken before the handler is held until
+that commit), and the message is answered as ``permanent_failure`` says; a copy finds the FAILED
+record and is answered the same way. The entity's sequence number does not move (the step was
+not applied: the steps after it wait). A handler that kills its process leaves no record here
+(the server rolls the transaction back), so ``max_lapsed_claims`` has nothing to count in this
+mode.
+
 Never "consume without dedup": a store outage, a lock conflict (outcome ``lock_conflict``), a
 refused record this library cannot read, a sequence key that fails are all RECONSUME_LATER. A
 handler that ends, leaves or breaks its transaction (``commit()``, autocommit, a reconnect) is
@@ -37,11 +46,12 @@ import enum
 import logging
 import threading
 import time
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union, cast
 
 from rocketmq_dedup.config import DedupConfig, Snapshot, fits_bigint
 from rocketmq_dedup.errors import (
     DedupConfigError,
+    PermanentFailure,
     StoreError,
     StoreLockConflictError,
     StoreMisconfiguredError,
@@ -130,7 +140,7 @@ class TransactionalStrategy(DedupTemplate):
                 if snap.in_progress_wait_ms:
                     consumed = self._in_flight.wait(twin, snap.in_progress_wait_ms)
                 status = DedupStatus.CONSUMED if consumed else DedupStatus.CONSUMING
-                delivery.status = self._duplicate(delivery, status)
+                delivery.status = self._duplicate(delivery, status, snap)
                 continue
             delivery.attempt = mine
             held.append(delivery)
@@ -172,7 +182,10 @@ class TransactionalStrategy(DedupTemplate):
     def _run(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
         status = self._transact(delivery, snap)
         if status is not SUCCESS and snap.local_retries and delivery.outcome is Outcome.FAILED:
-            status = retry_locally(lambda: self._retry(delivery, snap), snap, status)
+            # (_retry answers a ConsumeStatus: a permanent failure is decided in _transact)
+            status = cast(
+                ConsumeStatus, retry_locally(lambda: self._retry(delivery, snap), snap, status)
+            )
         return status
 
     def _retry(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
@@ -222,7 +235,7 @@ class TransactionalStrategy(DedupTemplate):
         if element is not None and snap.exactly_once_claim is ExactlyOnceClaim.BEFORE_HANDLER:
             key = tx.claim_key(element, entity)
             if not key.taken:
-                return self._duplicate(delivery, DedupStatus.CONSUMING)
+                return self._duplicate(delivery, DedupStatus.CONSUMING, snap)
             if key.record is not None:
                 return self._refused(delivery, key.record, snap)
             last = key.last_seq
@@ -240,6 +253,10 @@ class TransactionalStrategy(DedupTemplate):
         if verdict is _Verdict.RUN:
             tx.before_handler()
             status = self._handle(delivery, tx, snap)
+            if delivery.failure is not None:  # a permanent failure: its writes never commit
+                if element is None:  # no key, nothing to record it in (close rolls back)
+                    return status
+                return self._commit_failure(delivery, tx, element, status, snap)
             if status is not SUCCESS:
                 return status
         if element is None:  # no dedup key: the handler's writes alone
@@ -258,6 +275,8 @@ class TransactionalStrategy(DedupTemplate):
             result = tx.run_handler(self.hooks.listener.do_handle_msg, delivery.msg)
         except TransactionMisuseError:  # refused in the handler, which let it propagate
             result = None
+        except PermanentFailure as failure:
+            result = failure
         except Exception:
             logger.exception(
                 "do_handle_msg raised; its transaction is rolled back and the message "
@@ -268,6 +287,8 @@ class TransactionalStrategy(DedupTemplate):
         finally:
             if snap.metrics is not None:
                 delivery.handler_seconds = time.perf_counter() - begin
+        if isinstance(result, PermanentFailure):  # its writes are rolled back, whatever it did
+            return self._permanent_failure(delivery, result, snap)
         misuse = tx.misuse()
         if misuse is not None:
             return self._misused(delivery, f"do_handle_msg {misuse}")
@@ -310,9 +331,37 @@ class TransactionalStrategy(DedupTemplate):
             return self._refused(delivery, refused, snap)
         self._remember(element)
         if verdict is _Verdict.STALE:
-            return self._duplicate(delivery, DedupStatus.CONSUMED)
+            return self._duplicate(delivery, DedupStatus.CONSUMED, snap)
         delivery.outcome = Outcome.CONSUMED
         return SUCCESS
+
+    def _commit_failure(
+        self,
+        delivery: Delivery,
+        tx: Transaction,
+        element: DedupElement,
+        answer_: ConsumeStatus,
+        snap: Snapshot,
+    ) -> ConsumeStatus:
+        """A permanent failure: the handler's writes rolled back and the FAILED record
+        committed alone (its answer, ``answer_``, stays); a record of another copy in the way
+        refuses it (this one commits nothing and is answered as that copy's duplicate)."""
+        owner = owner_tokens.next()
+        if delivery.fingerprint is not None:
+            owner = with_fingerprint(owner, delivery.fingerprint)
+        refused = self._store_call(
+            snap,
+            StoreOp.MARK_FAILED,
+            tx.commit_failure,
+            element,
+            owner,
+            snap.retention_ms,
+            delivery.failure,
+        )
+        if refused is not None:
+            logger.info("%r was recorded by another attempt; its failure not recorded", element)
+            return self._refused(delivery, refused, snap)
+        return answer_
 
     def _after_failure(self, delivery: Delivery, snap: Snapshot) -> ConsumeStatus:
         """After a transaction failed (its session ended, the server went away): the key's
@@ -325,7 +374,7 @@ class TransactionalStrategy(DedupTemplate):
             record = self._store_call(snap, StoreOp.LOOKUP, self.store.read, element)
         except StoreError:
             return LATER
-        if record is None or record.status is not DedupStatus.CONSUMED:
+        if record is None or record.status is DedupStatus.CONSUMING:
             return LATER
         return self._refused(delivery, record, snap)
 
@@ -382,6 +431,7 @@ class TransactionalStrategy(DedupTemplate):
         registry = self._in_flight
         for delivery in held:
             consumed = delivery.outcome in (Outcome.CONSUMED, Outcome.DUPLICATE_CONSUMED)
+            consumed = consumed and delivery.failure is None
             registry.leave(delivery.element, delivery.attempt, consumed)
 
     # -- the sequence guard --------------------------------------------------------------

@@ -5,7 +5,14 @@
     claim taken          -> run the handler -> success: mark CONSUMED, CONSUME_SUCCESS
                                             -> retry/raises: release the claim, RECONSUME_LATER
                             (after ``local_retries`` more runs in place, if configured)
+                                            -> PermanentFailure: record FAILED with its reason;
+                                               answer as ``permanent_failure`` says (no retry)
+    claim taken after    -> park it: record FAILED ("its handler ended N consumers"), the
+    max_lapsed_claims       handler not run; answer as ``permanent_failure`` says
+    lapsed claims
     CONSUMED record      -> CONSUME_SUCCESS without the handler (a duplicate)
+    FAILED record        -> as ``permanent_failure`` says, without the handler: RECONSUME_LATER
+                            ("dlq", the default) or CONSUME_SUCCESS ("ack")
     CONSUMING record     -> RECONSUME_LATER (the broker redelivers it later); when its holder
                             runs in this process and ``in_progress_wait_milli_seconds`` is set,
                             answered from that holder's outcome if it ends within the wait
@@ -30,7 +37,7 @@ import weakref
 from typing import Any, List, Optional, Sequence
 
 from rocketmq_dedup.config import DedupConfig, Snapshot
-from rocketmq_dedup.errors import StoreError
+from rocketmq_dedup.errors import PermanentFailure, StoreError
 from rocketmq_dedup.hooks import Hooks
 from rocketmq_dedup.inflight import InFlight, in_flight
 from rocketmq_dedup.lease import LeaseKeeper, RenewalCallback
@@ -38,7 +45,7 @@ from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import StoreOp
 from rocketmq_dedup.owner import owner_tokens, with_fingerprint
 from rocketmq_dedup.status import ConsumeStatus, DedupStatus, Outcome
-from rocketmq_dedup.stores.base import Claim, Record, new_claim
+from rocketmq_dedup.stores.base import CLAIMED, Claim, Record, new_claim
 from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, run_handler
 
@@ -71,12 +78,11 @@ class ClaimStrategy(DedupTemplate):
         try:
             if self._key(delivery, snap):
                 self._claim_one(delivery, snap)
-            status = delivery.status
-            if status is not None:  # decided without the handler
-                return status
-            status = LATER
+            status = delivery.status  # decided without the handler (a parked one still held)
             try:
-                status = self._run(delivery, snap)
+                if status is None:
+                    status = LATER
+                    status = self._run(delivery, snap)
             finally:  # whatever happened, the claim is not held past this call
                 claim = delivery.claim
                 if claim is not None:
@@ -99,16 +105,21 @@ class ClaimStrategy(DedupTemplate):
             delivery.status = self._duplicate_status(delivery, result.record, snap)
             return
         delivery.claim = claim
+        if result is not CLAIMED and result.lapsed and self._park(delivery, result.lapsed, snap):
+            return  # held, to be recorded FAILED; its handler does not run
         if snap.lease_renewal:
             keeper = self._keeper or self._lease_keeper(snap)
             if keeper is not None:
                 keeper.hold_one(claim, snap.lease_ms, snap.max_processing_ms)
 
     def _settle_one(self, delivery: Delivery, claim: Claim, consumed: bool, snap: Snapshot) -> None:
-        """:meth:`_finish` of one held delivery: CONSUMED if its handler succeeded, else its
-        claim released. Never raises a StoreError."""
+        """:meth:`_finish` of one held delivery: FAILED if it can never succeed, CONSUMED if
+        its handler succeeded, else its claim released. Never raises a StoreError."""
         if self._keeper is not None:
             self._keeper.drop_one(claim)
+        if delivery.failure is not None:
+            self._record_failed(delivery, claim, snap)
+            return
         if consumed:
             try:
                 snap.meter.mark_consumed(delivery, self.store, claim, snap.retention_ms)
@@ -135,15 +146,17 @@ class ClaimStrategy(DedupTemplate):
         except StoreError as exc:
             self._store_failed(keyed, exc, snap)
             return []
-        held = []
+        held, running = [], []
         for delivery, claim, result in zip(keyed, claims, results, strict=True):
             if result.claimed:
                 delivery.claim = claim
                 held.append(delivery)
+                if not (result.lapsed and self._park(delivery, result.lapsed, snap)):
+                    running.append(delivery)
             else:
                 delivery.status = self._refused(delivery, result.record, snap)
-        if held:
-            self._hold(held, snap)
+        if running:
+            self._hold(running, snap)
         return held
 
     def _hold(self, held: List[Delivery], snap: Snapshot) -> None:
@@ -181,15 +194,17 @@ class ClaimStrategy(DedupTemplate):
         """The handler (and its local retries, the claim still held), timed by the meter."""
         msg, clock = delivery.msg, snap.meter.clock
         begin = clock()
-        status = run_handler(self.hooks.listener.do_handle_msg, msg)
-        if status is not SUCCESS and snap.local_retries:
-            status = retry_locally(
-                lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, status
+        result = run_handler(self.hooks.listener.do_handle_msg, msg)
+        if result is not SUCCESS and snap.local_retries:
+            result = retry_locally(
+                lambda: run_handler(self.hooks.listener.do_handle_msg, msg), snap, result
             )
         delivery.handler_seconds = clock() - begin
+        if isinstance(result, PermanentFailure):  # (without a claim: nothing to record it in)
+            return self._permanent_failure(delivery, result, snap)
         if delivery.claim is not None:
-            delivery.outcome = HANDLED_OUTCOMES[status]
-        return status
+            delivery.outcome = HANDLED_OUTCOMES[result]
+        return result
 
     # -- a batch: finish -----------------------------------------------------------------
 
@@ -199,9 +214,17 @@ class ClaimStrategy(DedupTemplate):
         if self._keeper is not None:
             self._keeper.drop([d.claim for d in held])  # type: ignore[misc]
         reached = len(statuses)
-        consumed = [d.position < reached and statuses[d.position] is SUCCESS for d in held]
+        failed = [d for d in held if d.failure is not None]
+        for delivery in failed:  # rare: one store call each, for its own reason
+            self._record_failed(delivery, delivery.claim, snap)  # type: ignore[arg-type]
+        consumed = [
+            d.position < reached and statuses[d.position] is SUCCESS and d.failure is None
+            for d in held
+        ]
         done = [d.claim for d, ok in zip(held, consumed, strict=True) if ok]
-        undone = [d.claim for d, ok in zip(held, consumed, strict=True) if not ok]
+        undone = [
+            d.claim for d, ok in zip(held, consumed, strict=True) if not ok and d.failure is None
+        ]
         if done:
             self._mark(done, snap)  # type: ignore[arg-type]
         if undone:
@@ -232,6 +255,29 @@ class ClaimStrategy(DedupTemplate):
             self._release_failed(len(claims), exc)
             return
         self._released(len(claims), released)
+
+    def _record_failed(self, delivery: Delivery, claim: Claim, snap: Snapshot) -> None:
+        """Record a held delivery FAILED with its reason (a permanent failure, a parked poison
+        message); a failure is logged, the answer stays (the claim lapses after its lease, and
+        a redelivery after that decides again: a poison message's lapsed claim counts)."""
+        try:
+            snap.meter.kept(
+                delivery,
+                StoreOp.MARK_FAILED,
+                self.store.mark_failed,
+                claim,
+                snap.retention_ms,
+                delivery.failure,
+            )
+        except StoreError as exc:
+            self._log.log(
+                logging.ERROR,
+                "%r can never succeed (%s) but could not be recorded FAILED (%s); its claim "
+                "lapses after its lease",
+                delivery.element,
+                delivery.failure,
+                exc,
+            )
 
     def _mark_failed(self, count: int, exc: StoreError) -> None:
         """Marking CONSUMED failed after the handler succeeded: acked anyway (the claim lapses

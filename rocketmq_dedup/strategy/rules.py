@@ -1,14 +1,16 @@
 """The rules every strategy applies the same way: what a handler's return value means
 (:func:`handler_status`), which dedup keys are accepted (:func:`key_text`), and running a
-handler with them (:func:`run_handler`)."""
+handler with them (:func:`run_handler`): its answer, or the
+:class:`~rocketmq_dedup.errors.PermanentFailure` it raised or returned (:data:`HandlerResult`)."""
 
 from __future__ import annotations
 
 import enum
 import inspect
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
+from rocketmq_dedup.errors import PermanentFailure
 from rocketmq_dedup.message import to_text
 from rocketmq_dedup.status import ConsumeStatus
 
@@ -80,17 +82,32 @@ def _discard(awaitable: Any) -> None:
         awaitable.close()
 
 
-def run_handler(handler: Callable[[Any], Any], msg: Any) -> ConsumeStatus:
-    """Call the user's handler and map its result (:func:`answer`). An ``Exception`` is logged
-    and means RECONSUME_LATER; anything else a handler raises propagates."""
+#: What a handler's run means: its answer, or the permanent failure it declared.
+HandlerResult = Union[ConsumeStatus, PermanentFailure]
+
+
+def run_handler(handler: Callable[[Any], Any], msg: Any) -> HandlerResult:
+    """Call the user's handler and map its result (:func:`answer`). A
+    :class:`~rocketmq_dedup.errors.PermanentFailure` it raises or returns is given back (the
+    strategy records it); another ``Exception`` is logged and means RECONSUME_LATER; anything
+    else a handler raises propagates."""
     try:
         result = handler(msg)
+    except PermanentFailure as failure:
+        return failure
     except Exception:
         logger.exception("do_handle_msg raised; the message will be consumed later")
         return LATER
     if result is True:
         return SUCCESS
+    if isinstance(result, PermanentFailure):
+        return result
     return answer(result)
+
+
+def failure_reason(failure: PermanentFailure) -> str:
+    """The reason a permanent failure gives (its class name when it gives none)."""
+    return failure.reason.strip() or type(failure).__name__
 
 
 class KeyRefused(TypeError):

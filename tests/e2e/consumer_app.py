@@ -129,6 +129,8 @@ class E2EListener(DedupConcurrentListener):
         msg_id = message_id(msg)
         first = msg_id not in self._failed_once  # (orderly retries keep reconsume_times 0)
         self.recorder.effect(key, "start")
+        if key in self.settings.get("kill_on", ()):  # a poison message: it ends the process
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(self.settings.get("slow", {}).get(key, self.settings["handler_ms"]) / 1000)
         if first and key in self.settings.get("fail_first", ()):
             self._failed_once.add(msg_id)
@@ -231,6 +233,8 @@ def main() -> None:
         settings["app"],
         client,
         dedup_processing_expire_milli_seconds=settings.get("lease_ms", 60_000),
+        max_lapsed_claims=settings.get("max_lapsed_claims", 0),
+        permanent_failure=settings.get("permanent_failure", "dlq"),
         **({"table_name": settings["table"]} if settings["store"] != "redis" else {}),
         **(
             {"pool_size": settings["threads"] + 4, "sequence_mode": "strict"}

@@ -228,3 +228,34 @@ def test_schema_mysql_prints_the_ddl() -> None:
     """schema mysql prints the CREATE TABLE statement."""
     result = run("schema", "mysql", "--table", "t_x")
     assert result.returncode == 0 and "CREATE TABLE IF NOT EXISTS `t_x`" in result.stdout
+
+
+def test_inspect_shows_a_failed_records_reason_and_stats_counts_it(
+    target: Any, app_name: str
+) -> None:
+    """inspect shows a FAILED record's status and reason; stats counts FAILED records."""
+    store, options = target
+    failed = DedupElement(app_name, "T", "TagA", "k1")
+    owner = new_owner_token()
+    store.claim(Claim(failed, owner), 60_000)
+    store.mark_failed(Claim(failed, owner), 60_000, "amount must be positive: -5")
+    shown = run("inspect", *options, *element_args(app_name, "k1"))
+    assert shown.returncode == 0, shown.stderr
+    assert "FAILED" in shown.stdout and "amount must be positive: -5" in shown.stdout
+    stats = run("stats", *options, "--app", app_name)
+    assert stats.returncode == 0 and "FAILED" in stats.stdout
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_check_of_a_table_made_before_failed_records_warns_with_the_alter(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A table without failure_reason (made by an earlier version): check passes with a warn
+    line naming the ALTER TABLE that adds it."""
+    from tests.integration.test_failed_records_old_tables import old_table
+
+    store = old_table(kind, request)
+    table = store.table_name  # type: ignore[attr-defined]
+    result = run("check", f"--{kind}", MYSQL_URL if kind == "mysql" else PG_DSN, "--table", table)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warn table:" in result.stdout and "ADD COLUMN failure_reason" in result.stdout

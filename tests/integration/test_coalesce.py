@@ -626,3 +626,81 @@ def test_spare_wakers_are_bounded_and_the_rest_closed(waker: Any) -> None:
         gc.collect()
         opened = len(os.listdir("/proc/self/fd")) - fds_before
         assert opened <= (2 if waker is coalesce.EventFdWaker else 0)
+
+
+@pytest.mark.parametrize("kind", ["redis", "mysql"])
+def test_permanent_failures_are_recorded_beside_coalesced_claims_and_deferred_marks(
+    kind: str, app_name: str, waker: Any, request: pytest.FixtureRequest
+) -> None:
+    """6 threads x 60 messages, every third one's handler raising PermanentFailure, lapsed
+    claims counted (max_lapsed_claims): each success is CONSUMED and each failure FAILED with
+    its reason once the deferred marks are sent, every copy after is answered without its
+    handler; on Redis the FAILED records ride the shared round trips (with the counted kinds)."""
+    from rocketmq_dedup import (
+        ConsumeStatus,
+        DedupConcurrentListener,
+        DedupConfig,
+        PermanentFailure,
+    )
+    from rocketmq_dedup.testing import ClassicMessage
+    from tests.conftest import make_store
+
+    store: Any = (
+        coalesced_store(request.getfixturevalue("redis_client"), waker)
+        if kind == "redis"
+        else make_store("mysql", request)
+    )
+    kinds: List[List[str]] = []
+    execute = store.coalescer._execute
+
+    def recording(batch: List[Request]) -> None:
+        kinds.append([r.kind for r in batch])
+        execute(batch)
+
+    store.coalescer._execute = recording
+    runs: List[str] = []
+
+    class Orders(DedupConcurrentListener):
+        def do_handle_msg(self, msg: Any) -> bool:
+            runs.append(msg.id)
+            if int(msg.id.split("-")[1]) % 3 == 0:
+                raise PermanentFailure(f"order {msg.id} has no amount")
+            return True
+
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, store, max_lapsed_claims=3, permanent_failure="ack"
+    )
+    listener = Orders(config)
+    ids = [f"{t}-{i}" for t in range(6) for i in range(60)]
+    answers: List[Any] = []
+    barrier = threading.Barrier(6)
+
+    def work(t: int) -> None:
+        barrier.wait(10)
+        for i in range(60):
+            answers.append(listener(ClassicMessage(f"{t}-{i}")))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive()
+    assert answers == [ConsumeStatus.CONSUME_SUCCESS] * len(ids)
+    assert sorted(runs) == sorted(ids)
+    store.close()  # sends the CONSUMED marks still deferred
+    for message_id in ids:
+        record: Any = store.read(DedupElement(app_name, "TEST-TOPIC", "TagA", message_id))
+        if int(message_id.split("-")[1]) % 3 == 0:
+            assert (record.status, record.reason) == (
+                DedupStatus.FAILED,
+                f"order {message_id} has no amount",
+            )
+        else:
+            assert record.status is DedupStatus.CONSUMED
+    again = [listener(ClassicMessage(message_id)) for message_id in ids]
+    assert again == [ConsumeStatus.CONSUME_SUCCESS] * len(ids)
+    assert len(runs) == len(ids)  # no handler ran for a copy
+    if kind == "redis":
+        assert any("fail" in batch and len(batch) > 1 for batch in kinds)
+    listener.close()

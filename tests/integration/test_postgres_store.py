@@ -34,7 +34,7 @@ from rocketmq_dedup.errors import (
     StoreUnavailableError,
 )
 from rocketmq_dedup.stores import make_store
-from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER, Claim
+from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER, Claim, ClaimResult
 from rocketmq_dedup.stores.postgres.connections import LibpqRunner, Runner
 from tests.conftest import PG_KINDS, make_pg_store
 from tests.support import PG_DSN, claims, mysql_connect, outcome, pg_connect, pg_query, wait_for
@@ -83,7 +83,8 @@ def test_lease_uses_the_database_clock(pg_store: PostgresDedupStore, app_name: s
 
 def test_readable_columns_for_operators(pg_store: PostgresDedupStore, app_name: str) -> None:
     """The row shows application, topic, tag, key (first 255 characters), status, owner and
-    deliveries; a refused duplicate and a takeover each count as a delivery."""
+    deliveries, the claims since the record was last settled: a refused duplicate leaves it, the
+    takeover of a lapsed claim adds one."""
     e = DedupElement(app_name, "TOPIC", "标签", "k" * 300)
     pg_store.claim(Claim(e, "owner-1"), LEASE)
     columns = "application_name, topic, tag, msg_uniq_key, status, owner_token, deliveries"
@@ -91,11 +92,11 @@ def test_readable_columns_for_operators(pg_store: PostgresDedupStore, app_name: 
         app_name, "TOPIC", "标签", "k" * 255, "CONSUMING", "owner-1", 1,
     )  # fmt: skip
     assert not pg_store.claim(Claim(e, "owner-2"), LEASE).claimed
-    assert row_of(pg_store.table_name, e, "owner_token, deliveries") == ("owner-1", 2)
+    assert row_of(pg_store.table_name, e, "owner_token, deliveries") == ("owner-1", 1)
     stale = element(app_name, "stale")
     pg_store.claim(Claim(stale, "owner-1"), 1)
     wait_for(lambda: pg_store.read(stale) is None)
-    assert pg_store.claim(Claim(stale, "owner-2"), LEASE) == CLAIMED
+    assert pg_store.claim(Claim(stale, "owner-2"), LEASE) == ClaimResult(True, None, 1)
     assert row_of(pg_store.table_name, stale, "owner_token, deliveries") == ("owner-2", 2)
 
 

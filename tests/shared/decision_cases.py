@@ -13,9 +13,15 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import pytest
 
-from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig, DedupStatus
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConcurrentListener,
+    DedupConfig,
+    DedupStatus,
+    PermanentFailure,
+)
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.stores.base import DedupStore
+from rocketmq_dedup.stores.base import Claim, DedupStore
 from rocketmq_dedup.testing import ClassicMessage
 from tests.support import wait_for
 
@@ -302,3 +308,47 @@ def test_duplicate_key_with_another_payload_is_reported(
     assert answer is (LATER if action == "reject" else SUCCESS)
     assert listener.runs == ["m1"]
     assert any("different payload" in r.getMessage() for r in caplog.records)
+
+
+# -- messages that can never succeed ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "answer"), [("dlq", LATER), ("ack", SUCCESS)], ids=["dlq", "ack"]
+)
+def test_a_permanent_failure_is_recorded_and_its_copies_answered_without_the_handler(
+    store: DedupStore, app_name: str, policy: str, answer: ConsumeStatus
+) -> None:
+    """A handler raising PermanentFailure runs once: the message is recorded FAILED with the
+    reason, answered as permanent_failure says, and so is every copy, alone or in a batch,
+    without the handler."""
+
+    def refuse(msg: Any) -> Any:
+        raise PermanentFailure(f"order {msg.id} has no amount")
+
+    listener = Listener(config_for(store, app_name, permanent_failure=policy), result=refuse)
+    msg = ClassicMessage("m1")
+    assert [listener(msg), listener(msg), *listener.consume_each([msg, msg])] == [answer] * 4
+    assert listener.runs == ["m1"]
+    record = store.read(DedupElement(app_name, msg.topic, "TagA", "m1"))
+    assert record is not None
+    assert (record.status, record.reason) == (DedupStatus.FAILED, "order m1 has no amount")
+
+
+def test_a_claim_whose_consumers_died_is_parked_at_max_lapsed_claims(
+    store: DedupStore, app_name: str
+) -> None:
+    """With max_lapsed_claims=2, a message whose claims lapsed twice (consumers that died in
+    its handler, stood for by claims nobody settles) is parked: FAILED, its handler not run."""
+    config = config_for(store, app_name, max_lapsed_claims=2)
+    listener = Listener(config)
+    msg = ClassicMessage("m1")
+    element = DedupElement(app_name, msg.topic, "TagA", "m1")
+    for n in (1, 2):  # two consumers die in the handler: their claims are never settled
+        assert store.claim(Claim(element, f"dead-{n}"), 300).lapsed == n - 1
+        wait_for(lambda: store.read(element) is None, timeout=10)
+    assert listener(msg) is LATER
+    assert listener.runs == []
+    record = store.read(element)
+    assert record is not None and record.status is DedupStatus.FAILED
+    assert record.reason == "its handler ended 2 consumers (claims lapsed, never settled)"

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from rocketmq_dedup import DedupElement, DedupStatus
-from rocketmq_dedup.stores.base import ALREADY_CONSUMED, CLAIMED, HELD_BY_OTHER, Claim, DedupStore
+from rocketmq_dedup.stores.base import (
+    ALREADY_CONSUMED,
+    CLAIMED,
+    HELD_BY_OTHER,
+    MAX_REASON_LENGTH,
+    Claim,
+    ClaimResult,
+    DedupStore,
+)
 from tests.support import claims, outcome, wait_for
 
 LEASE = 60_000
@@ -195,3 +203,109 @@ def test_refused_claim_names_the_holder(store: DedupStore, app_name: str) -> Non
     assert store.claim(Claim(e, "o2"), LEASE).holder == "first#0123456789abcdef"
     store.mark_consumed(Claim(e, "first#0123456789abcdef"), RETENTION)
     assert store.claim(Claim(e, "o3"), LEASE).holder == "first#0123456789abcdef"
+
+
+# -- FAILED records --------------------------------------------------------------------------
+
+
+def test_a_failed_record_keeps_its_reason_and_refuses_claims(
+    store: DedupStore, app_name: str
+) -> None:
+    """mark_failed leaves a FAILED record whose reason reads back; a claim is refused by it."""
+    e = element(app_name)
+    assert store.claim(Claim(e, "o1"), LEASE) == CLAIMED
+    store.mark_failed(Claim(e, "o1"), RETENTION, "amount must be positive: -5")
+    record = store.read(e)
+    assert record is not None
+    assert (record.status, record.owner, record.reason) == (
+        DedupStatus.FAILED,
+        "o1",
+        "amount must be positive: -5",
+    )
+    refused = store.claim(Claim(e, "o2"), LEASE)
+    assert outcome(refused) == (False, DedupStatus.FAILED)
+    assert [outcome(r) for r in store.claim_many([Claim(e, "o3")], LEASE)] == [
+        (False, DedupStatus.FAILED)
+    ]
+
+
+def test_a_failed_record_lives_its_retention(store: DedupStore, app_name: str) -> None:
+    """A FAILED record expires after its retention, like a CONSUMED one; then a claim runs."""
+    e = element(app_name)
+    store.claim(Claim(e, "o1"), LEASE)
+    store.mark_failed(Claim(e, "o1"), SHORT, "bad")
+    assert store.get_status(e) is DedupStatus.FAILED
+    wait_for(lambda: store.get_status(e) is None, timeout=10)
+    assert store.claim(Claim(e, "o2"), LEASE) == CLAIMED
+
+
+def test_mark_failed_never_downgrades_consumed(store: DedupStore, app_name: str) -> None:
+    """A success is never downgraded: mark_failed on a CONSUMED record leaves it CONSUMED."""
+    e = element(app_name)
+    store.claim(Claim(e, "o1"), LEASE)
+    store.mark_consumed(Claim(e, "o1"), RETENTION)
+    store.mark_failed(Claim(e, "o2"), RETENTION, "late")
+    record = store.read(e)
+    assert record is not None and (record.status, record.owner) == (DedupStatus.CONSUMED, "o1")
+
+
+def test_mark_failed_writes_over_any_claim_and_consumed_wins_over_failed(
+    store: DedupStore, app_name: str
+) -> None:
+    """mark_failed writes over another owner's claim (or none); a later success marks it
+    CONSUMED (a success is always recorded)."""
+    held, gone = element(app_name, "held"), element(app_name, "gone")
+    store.claim(Claim(held, "o1"), LEASE)
+    store.mark_failed(Claim(held, "o2"), RETENTION, "why")
+    store.mark_failed(Claim(gone, "o3"), RETENTION, "why")
+    assert store.get_status(held) is store.get_status(gone) is DedupStatus.FAILED
+    assert store.release(Claim(held, "o1")) is False  # o1's claim is gone
+    store.mark_consumed(Claim(held, "o1"), RETENTION)
+    assert store.get_status(held) is DedupStatus.CONSUMED
+
+
+def test_a_reason_is_kept_bounded_on_one_line(store: DedupStore, app_name: str) -> None:
+    """A long, multi-line reason is kept as one line of at most MAX_REASON_LENGTH characters."""
+    e = element(app_name)
+    store.claim(Claim(e, "o1"), LEASE)
+    store.mark_failed(Claim(e, "o1"), RETENTION, "line one\nline two " + "é" * 400)
+    record = store.read(e)
+    assert record is not None and record.reason is not None
+    assert len(record.reason) == MAX_REASON_LENGTH
+    assert record.reason.startswith("line one line two éé") and record.reason.endswith("\u2026")
+
+
+# -- lapsed claims ---------------------------------------------------------------------------
+
+
+def test_claims_that_lapsed_are_counted_at_each_takeover(store: DedupStore, app_name: str) -> None:
+    """Each takeover of an expired CONSUMING claim counts one more lapsed claim, on the single
+    and the batch claim alike."""
+    store.count_lapses()
+    e = element(app_name)
+    assert store.claim(Claim(e, "o1"), SHORT) == CLAIMED  # fresh: none lapsed
+    wait_for(lambda: store.get_status(e) is None, timeout=10)
+    assert store.claim(Claim(e, "o2"), SHORT) == ClaimResult(True, None, 1)
+    wait_for(lambda: store.get_status(e) is None, timeout=10)
+    assert store.claim_many([Claim(e, "o3")], LEASE) == [ClaimResult(True, None, 2)]
+    refused = store.claim(Claim(e, "o4"), LEASE)  # a duplicate of a live claim counts nothing
+    assert (refused.claimed, refused.lapsed) == (False, 0)
+
+
+def test_a_settled_record_counts_its_lapsed_claims_from_zero(
+    store: DedupStore, app_name: str
+) -> None:
+    """A release, a CONSUMED or FAILED record that expired, starts the count again at 0."""
+    store.count_lapses()
+    released, consumed, failed = (element(app_name, k) for k in ("r", "c", "f"))
+    for e in (released, consumed, failed):
+        store.claim(Claim(e, "o1"), SHORT)
+    wait_for(lambda: store.get_status(released) is None, timeout=10)
+    takeovers = [store.claim(Claim(e, "o2"), LEASE) for e in (released, consumed, failed)]
+    assert [r.lapsed for r in takeovers] == [1, 1, 1]
+    assert store.release(Claim(released, "o2"))
+    store.mark_consumed(Claim(consumed, "o2"), SHORT)
+    store.mark_failed(Claim(failed, "o2"), SHORT, "bad")
+    wait_for(lambda: store.get_status(consumed) is store.get_status(failed) is None, timeout=10)
+    again = [store.claim(Claim(e, "o3"), LEASE) for e in (released, consumed, failed)]
+    assert again == [CLAIMED] * 3

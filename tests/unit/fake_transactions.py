@@ -97,6 +97,20 @@ class FakeTransaction(Transaction):
         self._step("after_commit")
         return None
 
+    def commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        self._step("commit_failure")
+        self.conn.writes.clear()  # the handler's writes, rolled back
+        store = self.source.store
+        with self.source.lock:
+            existing = store.read(element)
+            if existing is not None:
+                return existing
+            store.mark_failed(Claim(element, owner), retention_ms, reason)
+            self.committed = True
+        return None
+
     def commit(self) -> None:
         self._step("commit")
         with self.source.lock:

@@ -16,6 +16,7 @@ from rocketmq_dedup import (
     DedupConfigError,
     DedupStatus,
     MemoryDedupStore,
+    PermanentFailure,
     StoreError,
     StoreLockConflictError,
     StoreMisconfiguredError,
@@ -422,3 +423,65 @@ def test_a_store_without_transactions_is_refused() -> None:
     config = DedupConfig("app", MemoryDedupStore())
     with pytest.raises(DedupConfigError, match="the MySQL or PostgreSQL store"):
         Listener(config)
+
+
+# -- permanent failures ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("claim", ["at_commit", "before_handler"])
+@pytest.mark.parametrize(("policy", "answer"), [("dlq", LATER), ("ack", SUCCESS)])
+def test_a_permanent_failure_rolls_the_writes_back_and_commits_the_failed_record_alone(
+    claim: str, policy: str, answer: ConsumeStatus
+) -> None:
+    """The handler wrote, then raised PermanentFailure: its write rolled back, the FAILED
+    record (with the reason) committed alone, answered as permanent_failure says; a redelivered
+    copy is answered the same way without the handler."""
+
+    def refuse(msg: Any, conn: FakeConn) -> Any:
+        raise PermanentFailure("no such account")
+
+    world = World(exactly_once_claim=claim, permanent_failure=policy)
+    listener = world.listener(refuse)
+    assert listener(ClassicMessage("m1")) is answer
+    assert world.db.committed == []  # the handler's write, rolled back
+    record = world.store.read(world.element("m1"))
+    assert record is not None and (record.status, record.reason) == (
+        DedupStatus.FAILED,
+        "no such account",
+    )
+    assert "commit_failure" in world.db.steps
+    assert listener(ClassicMessage("m1", reconsume_times=1)) is answer
+    assert listener.runs == ["m1"]
+    assert world.metrics.outcomes == [Outcome.PERMANENT_FAILURE, Outcome.DUPLICATE_FAILED]
+    assert world.db.open == 0
+
+
+def test_a_permanent_failure_whose_record_a_copy_beat_is_answered_as_that_copy() -> None:
+    """Another copy committed CONSUMED while the handler ran: the FAILED record is refused
+    (never over a success) and the message is acked as that copy's duplicate."""
+    world = World()
+
+    def refuse(msg: Any, conn: FakeConn) -> Any:
+        world.commit_elsewhere(msg.id)
+        raise PermanentFailure("too late")
+
+    assert world.listener(refuse)(ClassicMessage("m1")) is SUCCESS
+    assert world.status("m1") is DedupStatus.CONSUMED
+    assert world.metrics.outcomes == [Outcome.DUPLICATE_CONSUMED]
+
+
+def test_a_permanent_failure_without_a_key_commits_nothing_even_when_acked() -> None:
+    """No dedup key, PermanentFailure, permanent_failure="ack": acked, its write rolled back,
+    nothing recorded (there is no key to record it under)."""
+
+    class Keyless(Listener):
+        def dedup_message_key(self, msg: Any) -> Any:
+            return None
+
+    def refuse(msg: Any, conn: FakeConn) -> Any:
+        raise PermanentFailure("bad")
+
+    world = World(permanent_failure="ack")
+    assert Keyless(world.config, refuse)(ClassicMessage("m1")) is SUCCESS
+    assert world.db.committed == [] and world.status("m1") is None
+    assert world.metrics.outcomes == [Outcome.PERMANENT_FAILURE]

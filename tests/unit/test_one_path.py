@@ -18,6 +18,7 @@ from rocketmq_dedup import (
     DedupElement,
     DedupStatus,
     MemoryDedupStore,
+    PermanentFailure,
 )
 from rocketmq_dedup.metrics import Decision, DedupMetrics, StoreOp
 from rocketmq_dedup.owner import fingerprint_of, with_fingerprint
@@ -25,6 +26,7 @@ from rocketmq_dedup.stores.base import Claim, ClaimResult, DedupStore, Record
 from rocketmq_dedup.strategy.rules import KeyRefused, key_text
 from rocketmq_dedup.testing import ClassicMessage
 from tests.shared.decision_cases import BASE_EXCEPTIONS, REFUSED_KEYS, RETURN_VALUES, VALUE_KEYS
+from tests.support import wait_for
 
 TOPIC, TAG, MSG_ID = "TEST-TOPIC", "TagA", "m1"
 
@@ -109,6 +111,10 @@ class Failing(MemoryDedupStore):
         self._fail("release")
         return super().do_release(claim)
 
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        self._fail("mark_failed")
+        super().do_mark_failed(claim, retention_ms, reason)
+
 
 def element(app: str, key: str = MSG_ID) -> DedupElement:
     return DedupElement(app, TOPIC, TAG, key)
@@ -132,8 +138,8 @@ class Case:
     key: Any = MSG_ID
     store: Callable[[], DedupStore] = MemoryDedupStore
     before: Optional[str] = None
-    """A record of another attempt: "consuming", "consumed", or consumed with the "same
-    payload" or an "other payload"."""
+    """A record of another attempt: "consuming", "consumed", "failed", a "lapsed" claim (its
+    lease over, never settled), or consumed with the "same payload" or an "other payload"."""
     hooked: bool = False
     options: Dict[str, Any] = field(default_factory=dict)
 
@@ -146,8 +152,13 @@ def prepare(case: Case, app: str, metrics: Optional[Recorder]) -> Tuple[Listener
             body = b"pay 10" if case.before == "same payload" else b"pay 99"
             owner = with_fingerprint(owner, fingerprint_of(body))
         claim = Claim(element(app), owner)
-        assert store.claim(claim, 60_000).claimed
-        if case.before != "consuming":
+        lapsed = case.before == "lapsed"
+        assert store.claim(claim, 1 if lapsed else 60_000).claimed
+        if lapsed:
+            wait_for(lambda: store.read(element(app)) is None)
+        elif case.before == "failed":
+            store.mark_failed(claim, 60_000, "it never will")
+        elif case.before != "consuming":
             store.mark_consumed(claim, 60_000)
     config = DedupConfig.enable_dedup_consume_config(app, store, metrics=metrics, **case.options)
     return (Hooked if case.hooked else Listener)(config, case), store
@@ -178,7 +189,7 @@ def outcome_of(case: Case, app: str, single: bool, metrics: bool) -> Tuple[Any, 
     listener, store = prepare(case, app, recorder)
     answer = consume(listener, single)
     record = store.read(element(app, _key_text(case.key)))
-    left = record.status if record is not None else None
+    left = (record.status, record.reason) if record is not None else None
     calls = recorder.calls if recorder is not None else None
     return answer, listener.runs, listener.duplicates, left, calls
 
@@ -215,6 +226,25 @@ CASES: Dict[str, Case] = {
         result=False, options={"local_retries": 1, "local_retry_backoff_milli_seconds": 1}
     ),
     "no lease renewal": Case(options={"lease_renewal": False}),
+    "raises PermanentFailure": Case(result=PermanentFailure),
+    "returns PermanentFailure": Case(result=PermanentFailure("bad payload")),
+    "PermanentFailure, ack": Case(result=PermanentFailure, options={"permanent_failure": "ack"}),
+    "PermanentFailure, no key": Case(result=PermanentFailure, key=None),
+    "PermanentFailure, local retries": Case(
+        result=PermanentFailure,
+        options={"local_retries": 2, "local_retry_backoff_milli_seconds": 1},
+    ),
+    "PermanentFailure, record fails": Case(
+        result=PermanentFailure, store=lambda: Failing("mark_failed", OUTAGE)
+    ),
+    "duplicate of FAILED": Case(before="failed", hooked=True),
+    "duplicate of FAILED, ack": Case(before="failed", options={"permanent_failure": "ack"}),
+    "lapsed once, not parked": Case(before="lapsed", options={"max_lapsed_claims": 2}),
+    "lapsed, parked": Case(before="lapsed", options={"max_lapsed_claims": 1}),
+    "lapsed, parked, ack": Case(
+        before="lapsed", options={"max_lapsed_claims": 1, "permanent_failure": "ack"}
+    ),
+    "lapsed, counting off": Case(before="lapsed"),
 }
 
 
@@ -237,3 +267,41 @@ def test_the_comparison_sees_a_difference(app_name: str) -> None:
     handled = outcome_of(Case(), app_name, single=True, metrics=True)
     twin = outcome_of(Case(before="consuming", hooked=True), f"{app_name}-2", True, True)
     assert all(a != b for a, b in zip(handled, twin, strict=True))
+
+
+SUCCESS, LATER = ConsumeStatus.CONSUME_SUCCESS, ConsumeStatus.RECONSUME_LATER
+FAILED = DedupStatus.FAILED
+PARKED = "its handler ended 1 consumers (claims lapsed, never settled)"
+
+#: What the permanent-failure and poison cases decide: the answer, handler runs, the record left
+#: (status, reason), and the outcome reported.
+FAILURE_CASES: Dict[str, Tuple[Any, ...]] = {
+    "raises PermanentFailure": (LATER, 1, (FAILED, "PermanentFailure"), "permanent_failure"),
+    "returns PermanentFailure": (LATER, 1, (FAILED, "bad payload"), "permanent_failure"),
+    "PermanentFailure, ack": (SUCCESS, 1, (FAILED, "PermanentFailure"), "permanent_failure"),
+    "PermanentFailure, no key": (LATER, 1, None, "permanent_failure"),
+    "PermanentFailure, local retries": (
+        LATER, 1, (FAILED, "PermanentFailure"), "permanent_failure",
+    ),
+    "PermanentFailure, record fails": (
+        LATER, 1, (DedupStatus.CONSUMING, None), "permanent_failure",
+    ),
+    "duplicate of FAILED": (LATER, 0, (FAILED, "it never will"), "duplicate_failed"),
+    "duplicate of FAILED, ack": (SUCCESS, 0, (FAILED, "it never will"), "duplicate_failed"),
+    "lapsed once, not parked": (SUCCESS, 1, (DedupStatus.CONSUMED, None), "consumed"),
+    "lapsed, parked": (LATER, 0, (FAILED, PARKED), "poison_parked"),
+    "lapsed, parked, ack": (SUCCESS, 0, (FAILED, PARKED), "poison_parked"),
+    "lapsed, counting off": (SUCCESS, 1, (DedupStatus.CONSUMED, None), "consumed"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FAILURE_CASES))
+def test_a_message_that_can_never_succeed_is_recorded_failed_and_answered_by_the_setting(
+    app_name: str, name: str
+) -> None:
+    """A permanent failure (raised or returned), a copy of a FAILED message and a message whose
+    claims lapsed max_lapsed_claims times: the answer permanent_failure gives, the handler
+    run at most once, the FAILED record with its reason, the outcome counted."""
+    answer, runs, _, left, calls = outcome_of(CASES[name], app_name, single=True, metrics=True)
+    decided = [call[2] for call in calls if call[0] == "message"]  # type: ignore[union-attr]
+    assert (answer, runs, left, *[str(d) for d in decided]) == FAILURE_CASES[name]

@@ -21,23 +21,27 @@ CREATE TABLE IF NOT EXISTS {table} (
   topic            VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
   tag              VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
   msg_uniq_key     VARCHAR(255)    NOT NULL COMMENT 'first 255 characters, for operators',
-  status           VARCHAR(16)     NOT NULL COMMENT 'CONSUMING or CONSUMED',
+  status           VARCHAR(16)     NOT NULL COMMENT 'CONSUMING, CONSUMED or FAILED',
   owner_token      VARCHAR(64)     NOT NULL COMMENT 'the claim that wrote the row',
   expire_time      BIGINT          NOT NULL COMMENT 'epoch ms, database server clock',
-  deliveries       BIGINT UNSIGNED NOT NULL DEFAULT 1 COMMENT 'claims and duplicates seen',
+  deliveries       BIGINT UNSIGNED NOT NULL DEFAULT 1 COMMENT 'claims since last settled',
+  failure_reason   VARCHAR(255)    NULL     COMMENT 'why a FAILED message never succeeds',
   PRIMARY KEY (dedup_key)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
 
 _COLUMNS = "dedup_key, application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time"
 
 # One row per element: a fresh CONSUMING claim, or the takeover of an expired record.
-# Assignments run left to right, so expire_time is compared before it is overwritten.
-# `deliveries` always changes, so rowcount is 1 for an insert and 2 for an existing row,
-# with or without the CLIENT_FOUND_ROWS flag.
+# Assignments run left to right, so status and expire_time are compared before they are
+# overwritten. `deliveries` counts the claims since the record was last settled: the takeover
+# of an expired CONSUMING claim (its consumer never settled it: a lapsed claim) adds one, that
+# of an expired CONSUMED or FAILED record starts again at 1, a live row keeps it (and is left
+# unchanged: rowcount 0, so the rows are read again after this statement, never counted).
+# A release deletes the row (the count with it); a mark keeps it until the record expires.
 CLAIM_SQL = f"""\
 INSERT INTO {{table}} ({_COLUMNS}) VALUES {{rows}}
 ON DUPLICATE KEY UPDATE
-  deliveries = deliveries + 1,
+  deliveries = IF(expire_time <= {NOW_MS}, IF(status = 'CONSUMING', deliveries + 1, 1), deliveries),
   status = IF(expire_time <= {NOW_MS}, VALUES(status), status),
   owner_token = IF(expire_time <= {NOW_MS}, VALUES(owner_token), owner_token),
   expire_time = IF(expire_time <= {NOW_MS}, VALUES(expire_time), expire_time)"""
@@ -55,10 +59,47 @@ ON DUPLICATE KEY UPDATE
 
 MARK_CONSUMED_ROW = f"(%s, %s, %s, %s, %s, 'CONSUMED', %s, {NOW_MS} + %s)"
 
-# The live records of some keys: status, owner, and time left (ms).
+# The live records of some keys: status, owner, time left (ms), claims since last settled.
 SELECT_SQL = (
-    f"SELECT dedup_key, status, owner_token, expire_time - {NOW_MS} FROM {{table}} "
+    f"SELECT dedup_key, status, owner_token, expire_time - {NOW_MS}, deliveries FROM {{table}} "
     f"WHERE dedup_key IN ({{marks}}) AND expire_time > {NOW_MS}"
+)
+# A FAILED record, whoever holds the row, unless it is a live CONSUMED one (a success is never
+# downgraded). Assignments run left to right: status and expire_time, which the condition reads,
+# come last (expire_time after status: a row just turned FAILED takes the new expiry). The
+# reason's column came with FAILED records: a table made before has none (MISSING_COLUMN), and
+# then the row is written by MARK_FAILED_SQL_NO_REASON.
+_KEEP = f"status = 'CONSUMED' AND expire_time > {NOW_MS}"
+MARK_FAILED_SQL = f"""\
+INSERT INTO {{table}} ({_COLUMNS}, failure_reason) VALUES
+  (%s, %s, %s, %s, %s, 'FAILED', %s, {NOW_MS} + %s, %s)
+ON DUPLICATE KEY UPDATE
+  failure_reason = IF({_KEEP}, failure_reason, VALUES(failure_reason)),
+  owner_token = IF({_KEEP}, owner_token, VALUES(owner_token)),
+  deliveries = IF({_KEEP}, deliveries, 1),
+  status = IF({_KEEP}, status, 'FAILED'),
+  expire_time = IF({_KEEP}, expire_time, VALUES(expire_time))"""
+MARK_FAILED_SQL_NO_REASON = f"""\
+INSERT INTO {{table}} ({_COLUMNS}) VALUES
+  (%s, %s, %s, %s, %s, 'FAILED', %s, {NOW_MS} + %s)
+ON DUPLICATE KEY UPDATE
+  owner_token = IF({_KEEP}, owner_token, VALUES(owner_token)),
+  deliveries = IF({_KEEP}, deliveries, 1),
+  status = IF({_KEEP}, status, 'FAILED'),
+  expire_time = IF({_KEEP}, expire_time, VALUES(expire_time))"""
+# The reasons of FAILED records (read only for those: a table made before FAILED records has
+# no such column, and every other statement works without it).
+REASONS_SQL = (
+    "SELECT dedup_key, failure_reason FROM {table} "
+    "WHERE dedup_key IN ({marks}) AND status = 'FAILED'"
+)
+#: "Unknown column" (ER_BAD_FIELD_ERROR): a table made before a column was added.
+MISSING_COLUMN = 1054
+#: The column FAILED records keep their reason in, and what adds it to a table made before.
+REASON_COLUMN = "failure_reason"
+ADD_REASON_SQL = (
+    "ALTER TABLE {table} ADD COLUMN failure_reason VARCHAR(255) NULL "
+    "COMMENT 'why a FAILED message never succeeds'"
 )
 RELEASE_SQL = (
     "DELETE FROM {table} WHERE dedup_key = %s AND owner_token = %s AND status = 'CONSUMING'"
@@ -172,6 +213,15 @@ SEQUENCE_SET_SQL = "UPDATE {table} SET last_seq = %s WHERE entity_key = %s"
 # key lets one copy of a message commit, whatever the others did (the statement fails with
 # ER_DUP_ENTRY when any record of the key exists, and the COMMIT after it is not run).
 RECORD_INSERT_SQL = f"INSERT INTO {{table}} ({_COLUMNS}) VALUES {MARK_CONSUMED_ROW}"
+# A permanent failure's record, committed alone after the handler's writes were rolled back
+# (without the reason on a table made before FAILED records: MISSING_COLUMN).
+RECORD_FAILED_SQL = (
+    f"INSERT INTO {{table}} ({_COLUMNS}, failure_reason) "
+    f"VALUES (%s, %s, %s, %s, %s, 'FAILED', %s, {NOW_MS} + %s, %s)"
+)
+RECORD_FAILED_SQL_NO_REASON = (
+    f"INSERT INTO {{table}} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, 'FAILED', %s, {NOW_MS} + %s)"
+)
 # After ER_DUP_ENTRY, in the same transaction: the record in the way, locked, and whether it
 # has expired (an expired one is deleted and the record written again).
 RECORD_LOCK_SQL = (

@@ -6,6 +6,7 @@ import functools
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
+from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.errors import DedupConfigError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import DedupStatus
@@ -53,6 +54,7 @@ from rocketmq_dedup.stores.mysql.purge import MySQLPurgeSession, purge_step
 from rocketmq_dedup.stores.mysql.rows import readable, record_row
 from rocketmq_dedup.stores.mysql.sql import (
     ACCOUNT_SQL,
+    ADD_REASON_SQL,
     CHECK_SQL,
     CLAIM_ROW,
     CLAIM_SQL,
@@ -63,9 +65,14 @@ from rocketmq_dedup.stores.mysql.sql import (
     INSERT_CLAIM_SQL,
     MARK_CONSUMED_ROW,
     MARK_CONSUMED_SQL,
+    MARK_FAILED_SQL,
+    MARK_FAILED_SQL_NO_REASON,
     MARK_MANY_SQL,
     MARK_SQL,
+    MISSING_COLUMN,
     OLDEST_CONSUMED_SQL,
+    REASON_COLUMN,
+    REASONS_SQL,
     RELEASE_SQL,
     RENEW_SQL,
     REQUIRED_COLUMNS,
@@ -329,7 +336,21 @@ class MySQLDedupStore(SqlTables, DedupStore):
         ``sequence_key`` is used."""
         for statement in schema_statements(self.table_name):
             self._call(self._op, self._run, statement, ())
+        self._add_reason_column()
         self.tables_created()
+
+    def _add_reason_column(self) -> None:
+        """A table made before FAILED records gets their reason's column (``CREATE TABLE IF
+        NOT EXISTS`` adds none to an existing table); without the ALTER privilege it is logged,
+        and the table keeps working without it."""
+        if REASON_COLUMN in self._call(self._columns):
+            return
+        try:
+            self._call(self._op, self._run, ADD_REASON_SQL.format(table=self._table), ())
+        except StoreError as exc:
+            logger.warning("%s (%s)", self._old_table_risk(), exc.__cause__ or exc)
+        else:
+            logger.info("%s: added the %s column", self._description, REASON_COLUMN)
 
     def purge_expired(
         self,
@@ -379,11 +400,19 @@ class MySQLDedupStore(SqlTables, DedupStore):
         return [*record_row(claim.element, digest), claim.owner, ms]
 
     def _select(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
-        """The live records of ``digests``, by digest (the one place rows become records)."""
+        """The live records of ``digests``, by digest."""
+        return {key: record for key, (record, _) in self._select_rows(runner, digests).items()}
+
+    def _select_rows(
+        self, runner: Runner, digests: Sequence[bytes]
+    ) -> Dict[bytes, Tuple[Record, int]]:
+        """The live records of ``digests`` and their claims since last settled
+        (``deliveries``), by digest (the one place rows become records)."""
         sql = SELECT_SQL.format(table=self._table, marks=", ".join(["%s"] * len(digests)))
         return {
-            bytes(row[0]): Record(
-                parse_status(column_text(row[1])), column_text(row[2]), max(0, int(row[3]))
+            bytes(row[0]): (
+                Record(parse_status(column_text(row[1])), column_text(row[2]), max(0, int(row[3]))),
+                int(row[4]),
             )
             for row in runner.run(sql, digests, True)
         }
@@ -543,25 +572,26 @@ class MySQLDedupStore(SqlTables, DedupStore):
         results: Dict[int, ClaimResult] = {}
         pending = list(range(len(claims)))
         for attempt in range(_CLAIM_ATTEMPTS):
-            records = self._select(runner, [digests[i] for i in pending])
+            rows = self._select_rows(runner, [digests[i] for i in pending])
             vanished = []
             for i in pending:
-                record = records.get(digests[i])
+                record, deliveries = rows.get(digests[i], (None, 0))
                 if record is None:
                     vanished.append(i)
                 elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
-                    results[i] = CLAIMED
+                    # ours: taken over (or written) by the upsert; the claims before it that
+                    # lapsed since the record was last settled
+                    results[i] = (
+                        ClaimResult(True, None, deliveries - 1) if deliveries > 1 else CLAIMED
+                    )
                 else:
                     results[i] = ClaimResult(False, record)
             pending = vanished
             if not pending or attempt == _CLAIM_ATTEMPTS - 1:
                 break
-            sql, params = self._claim_statement(CLAIM_SQL, claims, digests, pending, lease_ms)
-            if int(runner.run(sql, params, False)) == len(pending):
-                for i in pending:  # every row inserted (1 each; a takeover counts 2)
-                    results[i] = CLAIMED
-                pending = []
-                break
+            # The upsert's row count cannot say which rows it took (a live one is left
+            # unchanged: 0): the next pass reads them.
+            runner.run(*self._claim_statement(CLAIM_SQL, claims, digests, pending, lease_ms), False)
         for i in pending:  # kept vanishing: leave it to a later retry
             results[i] = HELD_BY_OTHER
         return [results[i] for i in range(len(claims))]
@@ -611,6 +641,36 @@ class MySQLDedupStore(SqlTables, DedupStore):
         )
         return sql, params
 
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        """Never deferred, and not coalesced: a FAILED record is rare, and its statement may
+        fail on a table made before FAILED records (then it is written again without the
+        reason), which would fail every request sharing its round trip. It runs on a pooled
+        connection of its own, beside the coalesced round trips (other elements' claims and
+        deferred marks; its own claim's mark never comes)."""
+        self._op(self._mark_failed, claim, retention_ms, reason)
+
+    def _mark_failed(self, runner: Runner, claim: Claim, retention_ms: int, reason: str) -> None:
+        row = self._row(claim, element_digest(claim.element), retention_ms)
+        try:
+            runner.run(MARK_FAILED_SQL.format(table=self._table), [*row, reason], False)
+        except Exception as exc:
+            if error_code(exc) != MISSING_COLUMN:
+                raise
+            self._no_reason_column(exc)
+            runner.run(MARK_FAILED_SQL_NO_REASON.format(table=self._table), row, False)
+
+    def _no_reason_column(self, exc: BaseException) -> None:
+        """A table made before FAILED records (no reason column): the record is written
+        without its reason; the log says what adds the column."""
+        _old_table_log.log(
+            logging.WARNING,
+            "%s has no %s column (%s): FAILED records are written without their reason; add it: %s",
+            self._description,
+            REASON_COLUMN,
+            exc,
+            ADD_REASON_SQL.format(table=self._table),
+        )
+
     def _delete_claims(self, runner: Runner, claims: Sequence[Claim]) -> int:
         sql = self._sql["release"]
         return sum(int(runner.run(sql, (element_digest(e), o), False)) == 1 for e, o in claims)
@@ -630,7 +690,26 @@ class MySQLDedupStore(SqlTables, DedupStore):
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         self._flush_marks()
         digests = [element_digest(e) for e in elements]
-        return records_of(elements, digests, self._op(self._select, digests))
+        return records_of(elements, digests, self._op(self._select_with_reasons, digests))
+
+    def _select_with_reasons(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """:meth:`_select`, and the reasons of the FAILED records among them (one more
+        statement, only when there are some; none on a table without the column)."""
+        records = self._select(runner, digests)
+        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        if failed:
+            sql = REASONS_SQL.format(table=self._table, marks=", ".join(["%s"] * len(failed)))
+            try:
+                reasons = runner.run(sql, failed, True)
+            except Exception as exc:
+                if error_code(exc) != MISSING_COLUMN:
+                    raise
+                self._no_reason_column(exc)
+                reasons = []
+            for key, reason in reasons:
+                key = bytes(key)
+                records[key] = records[key]._replace(reason=column_text(reason))
+        return records
 
     # -- operator hooks ------------------------------------------------------------------
 
@@ -653,14 +732,34 @@ class MySQLDedupStore(SqlTables, DedupStore):
         oldest = [_listed(row) for row in self._query(OLDEST_CONSUMED_SQL, (app,))]
         return StoreStats(counts, oldest_claims(claims, limit), oldest[0] if oldest else None)
 
+    def _columns(self) -> Dict[str, str]:
+        """The table's columns and their keys (none: no such table)."""
+        schema, _, table = self.table_name.rpartition(".")
+        rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
+        return {str(column_text(name)): str(column_text(key)) for name, key in rows}
+
+    def _old_table_diagnosis(self) -> Diagnosis:
+        """A table made before FAILED records: it works, but keeps no reasons (a warning)."""
+        return Diagnosis("table", True, self._old_table_risk(), warning=True)
+
+    def _old_table_risk(self) -> str:
+        return (
+            f"{self.table_name} has no {REASON_COLUMN} column (made by an earlier version): "
+            "FAILED records (PermanentFailure, parked poison messages) are written without "
+            f"their reason; add it: {ADD_REASON_SQL.format(table=self._table)}"
+        )
+
+    def do_risks(self) -> List[str]:
+        """A table made before FAILED records (no reason column)."""
+        columns = self._columns()
+        return [self._old_table_risk()] if columns and REASON_COLUMN not in columns else []
+
     def do_diagnose(self) -> List[Diagnosis]:
         checks: List[Diagnosis] = []
         version = str(column_text(self._op(self._run, VERSION_SQL, (), True)[0][0]))
         checks.append(Diagnosis("server", True, f"version {version}"))
         checks.append(latency(lambda: self._op(self._run, CHECK_SQL, (), True)))
-        schema, _, table = self.table_name.rpartition(".")
-        rows = self._op(self._run, COLUMNS_SQL, (schema or None, table), True)
-        columns = {str(column_text(name)): str(column_text(key)) for name, key in rows}
+        columns = self._columns()
         if not columns:
             checks.append(
                 Diagnosis("table", False, f"{self.table_name} does not exist: create_table()")
@@ -671,11 +770,17 @@ class MySQLDedupStore(SqlTables, DedupStore):
             checks.append(Diagnosis("table", False, f"missing column(s): {', '.join(missing)}"))
         elif columns.get("dedup_key") != "PRI":
             checks.append(Diagnosis("table", False, "dedup_key is not the primary key"))
+        elif REASON_COLUMN not in columns:
+            checks.append(self._old_table_diagnosis())
         else:
             checks.append(
                 Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
             )
         return checks
+
+
+#: The warning that a table has no reason column, at most once a minute per process.
+_old_table_log = RateLimitedLog(logger, interval=60.0)
 
 
 def _listed(row: Sequence[Any]) -> Record:

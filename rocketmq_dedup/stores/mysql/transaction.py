@@ -68,7 +68,10 @@ from rocketmq_dedup.stores.mysql.sql import (
     AUTOCOMMIT_SQL,
     KEY_LOCK_SQL,
     KEY_UNLOCK_SQL,
+    MISSING_COLUMN,
     RECORD_DELETE_EXPIRED_SQL,
+    RECORD_FAILED_SQL,
+    RECORD_FAILED_SQL_NO_REASON,
     RECORD_INSERT_SQL,
     RECORD_LOCK_SQL,
     RECORD_READ_SQL,
@@ -98,6 +101,8 @@ class TransactionSql(NamedTuple):
     """The transactions' statements, formatted for a dedup table and its sequence table."""
 
     insert: str
+    insert_failed: str
+    insert_failed_no_reason: str
     read_record: str
     lock_record: str
     delete_expired: str
@@ -110,6 +115,8 @@ class TransactionSql(NamedTuple):
         quoted, seq = quote_table(table), quote_table(sequence_table or "unused")
         return cls(
             insert=RECORD_INSERT_SQL.format(table=quoted),
+            insert_failed=RECORD_FAILED_SQL.format(table=quoted),
+            insert_failed_no_reason=RECORD_FAILED_SQL_NO_REASON.format(table=quoted),
             read_record=RECORD_READ_SQL.format(table=quoted),
             lock_record=RECORD_LOCK_SQL.format(table=quoted),
             delete_expired=RECORD_DELETE_EXPIRED_SQL.format(table=quoted),
@@ -287,7 +294,42 @@ class MySQLTransaction(SqlTransaction):
         statements: List[Tuple[str, Sequence[Any]]] = []
         if applied is not None:
             statements.append((self.sql.seq_set, (applied.seq, applied.entity.digest())))
-        statements.append(insert)
+        return self._insert_and_commit(element, digest, [*statements, insert], insert)
+
+    def _commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        """ROLLBACK (the handler's writes; a named lock is a session's and stays), then the
+        FAILED record alone and COMMIT; without the reason on a table made before FAILED
+        records (no reason column)."""
+        self._run_all([_ROLLBACK])
+        digest = element_digest(element)
+        row = (*record_row(element, digest), owner, retention_ms)
+        insert = (self.sql.insert_failed, (*row, reason))
+        try:
+            return self._insert_and_commit(element, digest, [insert], insert)
+        except Exception as exc:
+            if error_code(exc) != MISSING_COLUMN:
+                raise
+        logger.warning(
+            "the dedup table has no failure_reason column (made by an earlier version): the "
+            "FAILED record of %r is written without its reason (rocketmq-dedup check names the "
+            "ALTER TABLE that adds it)",
+            element,
+        )
+        self._run_all([_ROLLBACK])
+        insert = (self.sql.insert_failed_no_reason, row)
+        return self._insert_and_commit(element, digest, [insert], insert)
+
+    def _insert_and_commit(
+        self,
+        element: DedupElement,
+        digest: bytes,
+        statements: Statements,
+        insert: Tuple[str, Sequence[Any]],
+    ) -> Optional[Record]:
+        """``statements`` (ending with the record's ``insert``) and COMMIT; a record in the
+        way refuses it, an expired one is deleted and ``insert`` run again."""
         for attempt in (1, 2):
             try:
                 self._commit_after(statements)

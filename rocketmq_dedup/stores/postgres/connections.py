@@ -130,6 +130,12 @@ def is_undefined_table(exc: BaseException) -> bool:
     return getattr(exc, "sqlstate", None) == "42P01"
 
 
+def is_undefined_column(exc: BaseException) -> bool:
+    """True for the server's "column does not exist" (sqlstate 42703): a table made before a
+    column was added."""
+    return getattr(exc, "sqlstate", None) == "42703"
+
+
 def type_name(value: Any) -> str:
     kind = value if isinstance(value, type) else type(value)
     return f"{kind.__module__}.{kind.__qualname__}"
@@ -165,13 +171,14 @@ class HotStatements(NamedTuple):
 
     claim: str
     """Parameters (key, application, topic, tag, key text, owner, lease ms); one row (status,
-    owner, ms left)."""
+    owner, ms left, claims since last settled)."""
     mark: str
     """Parameters (owner, retention ms, key); no row."""
 
 
-#: A row a claim statement returns: status, owner, milliseconds left.
-ClaimRow = Tuple[str, str, int]
+#: A row a claim statement returns: status, owner, milliseconds left, claims since the record
+#: was last settled (``deliveries``).
+ClaimRow = Tuple[str, str, int, int]
 
 
 class Runner:
@@ -189,8 +196,8 @@ class Runner:
 
     def claim(self, params: Sequence[Any]) -> ClaimRow:
         """Run the claim statement; its one row."""
-        ((status, owner, left),) = self.rows(self.hot.claim, params)
-        return status, owner, left
+        ((status, owner, left, claims),) = self.rows(self.hot.claim, params)
+        return status, owner, left, claims
 
     def mark(self, params: Sequence[Any]) -> int:
         """Run the mark statement; how many rows it changed."""
@@ -282,8 +289,8 @@ class LibpqRunner(Runner):
         if self._claim is None:
             self._claim = self._statement(self._CLAIM_NAME, self.hot.claim)
         result = self._check(self._run(self._claim, values, self._CLAIM_FORMATS), TUPLES_OK)
-        status, owner_token, left = (result.get_value(0, i) for i in range(3))
-        return status.decode(), owner_token.decode(), int(left)
+        status, owner_token, left, claims = (result.get_value(0, i) for i in range(4))
+        return status.decode(), owner_token.decode(), int(left), int(claims)
 
     def mark(self, params: Sequence[Any]) -> int:
         owner, retention_ms, key = params

@@ -80,10 +80,14 @@ def run(pgconn: Any, steps: Sequence[Step], prepared: Optional[Set[bytes]] = Non
     if len(sent) == len(steps):
         return results
     kept = []
+    refused = None  # a failed Parse: its error stands for the statement it prepared
     for parsed, result in zip(sent, results, strict=True):
         if not parsed:
-            kept.append(result)
-        elif not failed(result):
+            kept.append(result if refused is None else refused)
+            refused = None
+        elif failed(result):
+            refused = result
+        else:
             prepared.add(parsed)  # type: ignore[union-attr]
     return kept
 

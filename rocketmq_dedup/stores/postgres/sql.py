@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS {table} (
   owner_token      varchar(64)  NOT NULL,
   expire_time      timestamptz  NOT NULL,
   deliveries       bigint       NOT NULL DEFAULT 1,
+  failure_reason   varchar(255),
   PRIMARY KEY (dedup_key)
 )"""
 
@@ -50,10 +51,11 @@ COLUMN_COMMENTS = {
     "topic": "first 255 characters, for operators",
     "tag": "first 255 characters, for operators",
     "msg_uniq_key": "first 255 characters, for operators",
-    "status": "CONSUMING or CONSUMED",
+    "status": "CONSUMING, CONSUMED or FAILED",
     "owner_token": "the claim that wrote the row",
     "expire_time": "end of the lease or the retention, database server clock",
-    "deliveries": "claims and duplicates seen",
+    "deliveries": "claims since the record was last settled (1 + those that lapsed)",
+    "failure_reason": "why a FAILED message never succeeds",
 }
 
 COLUMNS = "dedup_key, application_name, topic, tag, msg_uniq_key, status, owner_token, expire_time"
@@ -70,38 +72,46 @@ REQUIRED_COLUMNS = (*(c.strip() for c in COLUMNS.split(",")), "deliveries")
 # ON CONFLICT DO UPDATE locks and reads the latest committed version of the row, whatever the
 # statement's snapshot (it waits for a row another session is inserting), so there is no window
 # in which the refusing row cannot be seen. The price: a duplicate writes a new version of its
-# row (a heap-only update, `deliveries` + 1). Measured against the alternative, a statement that
-# leaves a live row unwritten (DO UPDATE ... WHERE expired, and the refusing row read in the
-# same statement through a CTE): a fresh message's claim 147 against 186 us, a duplicate's 156
-# against 162 us (AMD EPYC, libpq-level loop, median of 15 interleaved runs).
+# row (a heap-only update, every value as it was). Measured against the alternative, a
+# statement that leaves a live row unwritten (DO UPDATE ... WHERE expired, and the refusing
+# row read in the same statement through a CTE): a fresh message's claim 147 against 186 us,
+# a duplicate's 156 against 162 us (AMD EPYC, libpq-level loop, median of 15 interleaved runs).
 #
 # Batches: the rows come from ``unnest`` of one array per column (keys unique within a batch:
 # ON CONFLICT cannot touch one row twice in a statement), in key order (concurrent batches lock
 # rows in the same order: no deadlock).
+#
+# `deliveries` counts the claims since the record was last settled: taking over an expired
+# CONSUMING claim (never settled: its consumer died in it, a lapsed claim) adds one, taking over
+# an expired CONSUMED or FAILED record starts again at 1, a live row keeps it; the claim reads
+# its lapsed claims as deliveries - 1. (A release deletes the row; a mark keeps the count until
+# the record expires.) Every SET expression reads the row as it was.
 _TAKEN_OVER = f"r.expire_time <= {NOW}"
 _CLAIM_UPSERT = f"""\
 ON CONFLICT (dedup_key) DO UPDATE SET
-  deliveries = r.deliveries + 1,
+  deliveries = CASE WHEN {_TAKEN_OVER}
+    THEN CASE WHEN r.status = 'CONSUMING' THEN r.deliveries + 1 ELSE 1 END
+    ELSE r.deliveries END,
   status = CASE WHEN {_TAKEN_OVER} THEN EXCLUDED.status ELSE r.status END,
   owner_token = CASE WHEN {_TAKEN_OVER} THEN EXCLUDED.owner_token ELSE r.owner_token END,
   expire_time = CASE WHEN {_TAKEN_OVER} THEN EXCLUDED.expire_time ELSE r.expire_time END
 RETURNING"""
 
 # One element: parameters (key, application, topic, tag, key text, owner, lease ms); one row
-# (status, owner, ms left).
+# (status, owner, ms left, claims since last settled).
 CLAIM_SQL = f"""\
 INSERT INTO {{table}} AS r ({COLUMNS})
 VALUES (%s, %s, %s, %s, %s, 'CONSUMING', %s, {_EXPIRY})
-{_CLAIM_UPSERT} r.status, r.owner_token, {_LEFT_MS}"""
+{_CLAIM_UPSERT} r.status, r.owner_token, {_LEFT_MS}, r.deliveries"""
 
 # Several elements: parameters (lease ms, keys, applications, topics, tags, key texts, owners);
-# one row (key, status, owner, ms left) per key.
+# one row (key, status, owner, ms left, claims since last settled) per key.
 CLAIM_MANY_SQL = f"""\
 INSERT INTO {{table}} AS r ({COLUMNS})
 SELECT k, a, t, g, m, 'CONSUMING', o, {_EXPIRY}
 FROM unnest(%s::bytea[], %s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[],
             %s::varchar[]) AS v(k, a, t, g, m, o)
-{_CLAIM_UPSERT} r.dedup_key, r.status, r.owner_token, {_LEFT_MS}"""
+{_CLAIM_UPSERT} r.dedup_key, r.status, r.owner_token, {_LEFT_MS}, r.deliveries"""
 
 # -- marks, releases, renewals --------------------------------------------------------------------
 # A success is always recorded, whoever holds the row now. The row is normally still there (the
@@ -127,6 +137,32 @@ SELECT k, a, t, g, m, 'CONSUMED', o, {_EXPIRY}
 FROM unnest(%s::bytea[], %s::varchar[], %s::varchar[], %s::varchar[], %s::varchar[],
             %s::varchar[]) AS v(k, a, t, g, m, o)
 {_MARK_UPSERT}"""
+
+# A FAILED record, whoever holds the row, unless it is a live CONSUMED one (a success is never
+# downgraded); it settles the record (deliveries 1). Parameters (key, application, topic, tag,
+# key text, owner, retention ms, reason). A table made before FAILED records has no reason
+# column (UndefinedColumn): then MARK_FAILED_NO_REASON_SQL, parameters without the reason.
+_MARK_FAILED_UPSERT = f"""\
+ON CONFLICT (dedup_key) DO UPDATE SET
+  status = 'FAILED', owner_token = EXCLUDED.owner_token, expire_time = EXCLUDED.expire_time,
+  deliveries = 1{{reason}}
+WHERE NOT (r.status = 'CONSUMED' AND r.expire_time > {NOW})"""
+MARK_FAILED_SQL = f"""\
+INSERT INTO {{table}} AS r ({COLUMNS}, failure_reason)
+VALUES (%s, %s, %s, %s, %s, 'FAILED', %s, {_EXPIRY}, %s)
+{_MARK_FAILED_UPSERT.format(reason=", failure_reason = EXCLUDED.failure_reason")}"""
+MARK_FAILED_NO_REASON_SQL = f"""\
+INSERT INTO {{table}} AS r ({COLUMNS})
+VALUES (%s, %s, %s, %s, %s, 'FAILED', %s, {_EXPIRY})
+{_MARK_FAILED_UPSERT.format(reason="")}"""
+# The reasons of the FAILED records among some keys (read only for those). Parameter: the keys.
+REASONS_SQL = (
+    "SELECT dedup_key, failure_reason FROM {table} "
+    "WHERE dedup_key = ANY(%s::bytea[]) AND status = 'FAILED'"
+)
+#: The column FAILED records keep their reason in, and what adds it to a table made before.
+REASON_COLUMN = "failure_reason"
+ADD_REASON_SQL = "ALTER TABLE {table} ADD COLUMN failure_reason varchar(255)"
 
 # Deletes a claim only while it is still the owner's CONSUMING one. Parameters (key, owner).
 RELEASE_SQL = (
@@ -257,16 +293,30 @@ SEQUENCE_SET_SQL = "UPDATE {table} SET last_seq = %s WHERE entity_key = %s"
 # whose row another transaction is inserting waits for that transaction's end: its commit
 # refuses this one, its rollback lets it write. Parameters (key, application, topic, tag, key
 # text, owner, retention ms).
-RECORD_COMMIT_SQL = f"""\
+_RECORD_WRITE = f"""\
 WITH written AS (
-  INSERT INTO {{table}} AS r ({COLUMNS})
-  VALUES (%s, %s, %s, %s, %s, 'CONSUMED', %s, {_EXPIRY})
+  INSERT INTO {{{{table}}}} AS r ({COLUMNS}{{columns}})
+  VALUES (%s, %s, %s, %s, %s, '{{status}}', %s, {_EXPIRY}{{values}})
   ON CONFLICT (dedup_key) DO UPDATE SET
-    status = 'CONSUMED', owner_token = EXCLUDED.owner_token, expire_time = EXCLUDED.expire_time
+    status = '{{status}}', owner_token = EXCLUDED.owner_token,
+    expire_time = EXCLUDED.expire_time{{update}}
   WHERE {_TAKEN_OVER}
   RETURNING 1
 )
 SELECT 1 / count(*) FROM written"""
+RECORD_COMMIT_SQL = _RECORD_WRITE.format(status="CONSUMED", columns="", values="", update="")
+# The FAILED record of a permanent failure, committed alone after the handler's writes were
+# rolled back, refused the same way. Parameters: RECORD_COMMIT_SQL's, then the reason; without
+# it on a table made before FAILED records (UndefinedColumn).
+RECORD_FAILED_SQL = _RECORD_WRITE.format(
+    status="FAILED",
+    columns=", failure_reason",
+    values=", %s",
+    update=", failure_reason = EXCLUDED.failure_reason",
+)
+RECORD_FAILED_NO_REASON_SQL = _RECORD_WRITE.format(
+    status="FAILED", columns="", values="", update=""
+)
 #: The sqlstate of :data:`RECORD_COMMIT_SQL` refused (division_by_zero), recognised from that
 #: statement only.
 RECORD_REFUSED = "22012"
@@ -307,11 +357,17 @@ def quote_table(table_name: str) -> str:
 
 
 def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
-    """The statements that create, if they do not exist, every table the store uses, and
-    comment their columns: the dedup table, and the exactly-once mode's sequence table when its
-    name fits (:func:`sequence_table_name`; it stays empty unless that mode's ``sequence_key``
-    is used). What ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
+    """The statements that create, if they do not exist, every table the store uses (and add
+    the columns a dedup table made by an earlier version lacks), and comment their columns: the
+    dedup table, and the exactly-once mode's sequence table when its name fits
+    (:func:`sequence_table_name`; it stays empty unless that mode's ``sequence_key`` is used).
+    What ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
+    table = quote_table(validate_table_name(table_name))
+    # A table made before FAILED records gets their reason's column (CREATE TABLE IF NOT EXISTS
+    # adds none to an existing table).
+    upgrade = f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {REASON_COLUMN} varchar(255)"
     statements = _table_statements(table_name, SCHEMA_SQL, COLUMN_COMMENTS)
+    statements.insert(1, upgrade)
     sequence = sequence_table_name(table_name)
     if sequence is not None:
         statements += _table_statements(sequence, SEQUENCE_SCHEMA_SQL, SEQUENCE_COLUMN_COMMENTS)

@@ -6,6 +6,7 @@ import functools
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from rocketmq_dedup._ratelimit import RateLimitedLog
 from rocketmq_dedup.errors import (
     DedupConfigError,
     StoreError,
@@ -38,6 +39,7 @@ from rocketmq_dedup.stores.postgres.connections import (
     is_pool_timeout,
     is_psycopg_connection,
     is_psycopg_pool,
+    is_undefined_column,
     is_undefined_table,
     prepare_connection,
     type_name,
@@ -53,6 +55,7 @@ from rocketmq_dedup.stores.postgres.records import (
     unique_by_key,
 )
 from rocketmq_dedup.stores.postgres.sql import (
+    ADD_REASON_SQL,
     CHECK_SQL,
     CLAIM_MANY_SQL,
     CLAIM_SQL,
@@ -60,11 +63,15 @@ from rocketmq_dedup.stores.postgres.sql import (
     COLUMNS_SQL,
     DEFAULT_TABLE_NAME,
     DELETE_SQL,
+    MARK_FAILED_NO_REASON_SQL,
+    MARK_FAILED_SQL,
     MARK_MANY_SQL,
     MARK_SQL,
     MARK_UPSERT_SQL,
     OLDEST_CONSUMED_SQL,
     PRIVILEGES_SQL,
+    REASON_COLUMN,
+    REASONS_SQL,
     RELEASE_MANY_SQL,
     RELEASE_SQL,
     RENEW_MANY_SQL,
@@ -240,6 +247,9 @@ class PostgresDedupStore(SqlTables, DedupStore):
                 ("release_many", RELEASE_MANY_SQL),
                 ("renew_many", RENEW_MANY_SQL),
                 ("select", SELECT_SQL),
+                ("mark_failed", MARK_FAILED_SQL),
+                ("mark_failed_no_reason", MARK_FAILED_NO_REASON_SQL),
+                ("reasons", REASONS_SQL),
                 ("delete", DELETE_SQL),
                 ("stats", STATS_SQL),
                 ("claims", CLAIMS_SQL),
@@ -416,8 +426,8 @@ class PostgresDedupStore(SqlTables, DedupStore):
         digests, unique = unique_by_key(claims)
         columns = claim_columns(claims, digests, unique)
         rows = {
-            bytes(key): (status, owner, left)
-            for key, status, owner, left in runner.rows(
+            bytes(key): (status, owner, left, claims)
+            for key, status, owner, left, claims in runner.rows(
                 self._sql["claim_many"], (lease_ms, *columns)
             )
         }
@@ -441,6 +451,29 @@ class PostgresDedupStore(SqlTables, DedupStore):
         digests, unique = unique_by_key(claims)
         columns = claim_columns(claims, digests, unique)
         self._run(Runner.count, self._sql["mark_many"], (retention_ms, *columns))
+
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        self._run(self._mark_failed, claim, retention_ms, reason)
+
+    def _mark_failed(self, runner: Runner, claim: Claim, retention_ms: int, reason: str) -> None:
+        row = claim_row(claim, element_digest(claim.element), retention_ms)
+        try:
+            runner.count(self._sql["mark_failed"], (*row, reason))
+        except Exception as exc:
+            if not is_undefined_column(exc):
+                raise
+            self._no_reason_column(exc)
+            runner.count(self._sql["mark_failed_no_reason"], row)
+
+    def _no_reason_column(self, exc: BaseException) -> None:
+        """A table made before FAILED records: written without the reason, the fix logged."""
+        _old_table_log.log(
+            logging.WARNING,
+            "%s: %s; FAILED records are written without their reason; add the column: %s",
+            self._description,
+            server_message(exc),
+            ADD_REASON_SQL.format(table=quote_table(self.table_name)),
+        )
 
     def do_release(self, claim: Claim) -> bool:
         params = (element_digest(claim.element), claim.owner)
@@ -471,7 +504,24 @@ class PostgresDedupStore(SqlTables, DedupStore):
 
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
         digests = [element_digest(e) for e in elements]
-        return records_of(elements, digests, self._run(self._select, digests))
+        return records_of(elements, digests, self._run(self._select_with_reasons, digests))
+
+    def _select_with_reasons(self, runner: Runner, digests: Sequence[bytes]) -> Dict[bytes, Record]:
+        """:meth:`_select`, and the reasons of the FAILED records among them (one more
+        statement, only when there are some; none on a table without the column)."""
+        records = self._select(runner, digests)
+        failed = [k for k, r in records.items() if r.status is DedupStatus.FAILED]
+        if failed:
+            try:
+                reasons = runner.rows(self._sql["reasons"], (failed,))
+            except Exception as exc:
+                if not is_undefined_column(exc):
+                    raise
+                self._no_reason_column(exc)
+                reasons = []
+            for key, reason in reasons:
+                records[bytes(key)] = records[bytes(key)]._replace(reason=reason)
+        return records
 
     # -- operator hooks ------------------------------------------------------------------
 
@@ -505,6 +555,19 @@ class PostgresDedupStore(SqlTables, DedupStore):
         checks += self._table_checks()
         return checks
 
+    def _old_table_risk(self) -> str:
+        return (
+            f"{self.table_name} has no {REASON_COLUMN} column (made by an earlier version): "
+            "FAILED records (PermanentFailure, parked poison messages) are written without "
+            f"their reason; add it: {ADD_REASON_SQL.format(table=quote_table(self.table_name))}"
+        )
+
+    def do_risks(self) -> List[str]:
+        """A table made before FAILED records (no reason column)."""
+        name = quote_table(self.table_name)
+        columns = {str(c) for c, _ in self._run(Runner.rows, COLUMNS_SQL, (name,))}
+        return [self._old_table_risk()] if columns and REASON_COLUMN not in columns else []
+
     def _table_checks(self) -> List[Diagnosis]:
         """The table: its columns and primary key, and the user's privileges on it."""
         name = quote_table(self.table_name)
@@ -523,6 +586,8 @@ class PostgresDedupStore(SqlTables, DedupStore):
             table = Diagnosis("table", False, f"missing column(s): {', '.join(missing)}")
         elif [c for c, pk in columns.items() if pk] != ["dedup_key"]:
             table = Diagnosis("table", False, "dedup_key is not the primary key")
+        elif REASON_COLUMN not in columns:
+            table = Diagnosis("table", True, self._old_table_risk(), warning=True)
         else:
             table = Diagnosis("table", True, f"{self.table_name}: columns and key as expected")
         ((*allowed, user),) = self._run(Runner.rows, PRIVILEGES_SQL, (name,))
@@ -537,12 +602,17 @@ class PostgresDedupStore(SqlTables, DedupStore):
         return [table, privileges]
 
 
-def decided(claim: Claim, status: str, owner: str, left_ms: int) -> ClaimResult:
+def decided(claim: Claim, status: str, owner: str, left_ms: int, claims: int) -> ClaimResult:
     """A claim's result from the row its upsert returned: taken if the row is this attempt's
-    CONSUMING claim (owner tokens are unique per attempt), else refused by that live row."""
+    CONSUMING claim (owner tokens are unique per attempt; ``claims`` since the record was last
+    settled, this one included), else refused by that live row."""
     if owner == claim.owner and status == CONSUMING:
-        return CLAIMED
+        return ClaimResult(True, None, claims - 1) if claims > 1 else CLAIMED
     return ClaimResult(False, live_record(status, owner, left_ms))
+
+
+#: The warning that a table has no reason column, at most once a minute per process.
+_old_table_log = RateLimitedLog(logger, interval=60.0)
 
 
 def server_message(exc: BaseException) -> str:

@@ -63,12 +63,18 @@ from rocketmq_dedup.stores.base import Record
 from rocketmq_dedup.stores.handler_connection import GuardedConnection
 from rocketmq_dedup.stores.pool import BoundedPool
 from rocketmq_dedup.stores.postgres import pipeline
-from rocketmq_dedup.stores.postgres.connections import close_quietly, prepare_connection
+from rocketmq_dedup.stores.postgres.connections import (
+    close_quietly,
+    is_undefined_column,
+    prepare_connection,
+)
 from rocketmq_dedup.stores.postgres.pipeline import Statement, Step, error_of, failed
 from rocketmq_dedup.stores.postgres.records import element_row, live_record, readable
 from rocketmq_dedup.stores.postgres.sql import (
     KEY_LOCK_SQL,
     RECORD_COMMIT_SQL,
+    RECORD_FAILED_NO_REASON_SQL,
+    RECORD_FAILED_SQL,
     RECORD_READ_SQL,
     RECORD_REFUSED,
     SEQUENCE_LOCK_SQL,
@@ -143,6 +149,8 @@ class TransactionSql(NamedTuple):
     """The transactions' statements, formatted for a dedup table and its sequence table."""
 
     record: Statement
+    failed: Statement
+    failed_no_reason: Statement
     read: Statement
     key_lock: Statement
     seq_lock: Statement
@@ -154,6 +162,14 @@ class TransactionSql(NamedTuple):
         return cls(
             record=Statement.of(
                 RECORD_COMMIT_SQL.format(table=quoted), (1, 0, 0, 0, 0, 0, 0), "rmqd_tx_record"
+            ),
+            failed=Statement.of(
+                RECORD_FAILED_SQL.format(table=quoted), (1, 0, 0, 0, 0, 0, 0, 0), "rmqd_tx_failed"
+            ),
+            failed_no_reason=Statement.of(
+                RECORD_FAILED_NO_REASON_SQL.format(table=quoted),
+                (1, 0, 0, 0, 0, 0, 0),
+                "rmqd_tx_failed_old",
             ),
             read=Statement.of(RECORD_READ_SQL.format(table=quoted), (1,), "rmqd_tx_read"),
             key_lock=Statement.of(KEY_LOCK_SQL, (0,), "rmqd_tx_key_lock"),
@@ -418,11 +434,12 @@ class PostgresTransaction(SqlTransaction):
         self._pgconn = raw.pgconn
         self._backend = self._pgconn.backend_pid
         hold = b"SET LOCAL idle_in_transaction_session_timeout = %d" % (hold_seconds * 1000)
-        #: BEGIN and the hold, until a pipeline carried them.
-        self._begin: Optional[List[Step]] = [
+        self._begin_steps: List[Step] = [
             (Statement(begin_text(raw)), _NO_PARAMS),
             (Statement(hold), _NO_PARAMS),
         ]
+        #: BEGIN and the hold, until a pipeline carried them.
+        self._begin: Optional[List[Step]] = self._begin_steps
         self._aborted = False  # the handler left its transaction aborted (the session is fine)
 
     # -- I/O ---------------------------------------------------------------------------------------
@@ -495,17 +512,54 @@ class PostgresTransaction(SqlTransaction):
         """[The sequence step,] the record and COMMIT in one pipeline; a refused record rolls
         back, and the record in the way is read and returned."""
         digest = element_digest(element)
-        row = [value.encode() for value in element_row(element, digest)[1:]]
-        record: Step = (
-            self.sql.record,
-            (digest, *row, owner.encode(), b"%d" % retention_ms),
-        )
         steps: List[Step] = []
         if applied is not None:
             steps.append((self.sql.seq_set, (b"%d" % applied.seq, applied.entity.digest())))
-        steps += [record, (_COMMIT, _NO_PARAMS)]
-        results = self._send(steps)
-        *before, written, committed = results
+        steps.append((self.sql.record, _record_params(element, digest, owner, retention_ms)))
+        return self._write_and_commit(steps, digest, element)
+
+    def _commit_failure(
+        self, element: DedupElement, owner: str, retention_ms: int, reason: str
+    ) -> Optional[Record]:
+        """ROLLBACK (the handler's writes), then a transaction of its own: the FAILED record
+        and COMMIT, all in one pipeline; without the reason on a table made before FAILED
+        records (no reason column). The rollback also frees a ``before_handler`` key lock
+        (PostgreSQL's advisory lock is the transaction's): from there the record decides, as
+        for any commit, since it is refused when a live record of another attempt is in the
+        way."""
+        digest = element_digest(element)
+        params = _record_params(element, digest, owner, retention_ms)
+        try:
+            return self._rewrite(
+                [(self.sql.failed, (*params, readable(reason).encode()))], digest, element
+            )
+        except Exception as exc:
+            if not is_undefined_column(exc):
+                raise
+        logger.warning(
+            "the dedup table has no failure_reason column (made by an earlier version): the "
+            "FAILED record of %r is written without its reason (rocketmq-dedup check names the "
+            "ALTER TABLE that adds it)",
+            element,
+        )
+        return self._rewrite([(self.sql.failed_no_reason, params)], digest, element)
+
+    def _rewrite(self, steps: List[Step], digest: bytes, element: DedupElement) -> Optional[Record]:
+        """ROLLBACK what was begun, then ``steps`` (the last one the record) and COMMIT in a new
+        transaction, in the same pipeline."""
+        self._begin = (
+            self._begin_steps
+            if self._begin is not None
+            else [(_ROLLBACK, _NO_PARAMS), *self._begin_steps]
+        )
+        return self._write_and_commit(steps, digest, element)
+
+    def _write_and_commit(
+        self, steps: List[Step], digest: bytes, element: DedupElement
+    ) -> Optional[Record]:
+        """``steps`` (the last one the record) and COMMIT in one pipeline; a refused record
+        rolls back, and the record in the way is read and returned."""
+        *before, written, committed = self._send([*steps, (_COMMIT, _NO_PARAMS)])
         for result in before:
             if failed(result):
                 raise error_of(self._pgconn, result)
@@ -612,6 +666,14 @@ class PostgresTransaction(SqlTransaction):
 
     def _give_back(self, fit: bool) -> None:
         self.lease.give_back(fit)
+
+
+def _record_params(
+    element: DedupElement, digest: bytes, owner: str, retention_ms: int
+) -> List[Optional[bytes]]:
+    """A record's parameters (key, application, topic, tag, key text, owner, retention ms)."""
+    row = [value.encode() for value in element_row(element, digest)[1:]]
+    return [digest, *row, owner.encode(), b"%d" % retention_ms]
 
 
 def _last_seq(result: Any) -> Optional[int]:

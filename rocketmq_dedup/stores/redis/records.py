@@ -4,7 +4,17 @@ Record key: ``{prefix}:{application}:{topic}:{tag}:{key}`` with every segment pe
 (``%``, ``:``, ``{``, ``}``), so different elements never share a key and no key forms a
 cluster hash tag by accident; text is encoded with :func:`~rocketmq_dedup.message.encode_text`,
 so any code point (a lone surrogate too) makes a key. Value: ``CONSUMING:<owner token>`` (TTL =
-the lease) or ``CONSUMED:<owner token>`` (TTL = the retention).
+the lease), ``CONSUMED:<owner token>`` or ``FAILED:<owner token> <reason>`` (TTL = the
+retention).
+
+Lapsed claims (:meth:`~rocketmq_dedup.stores.base.DedupStore.count_lapses`): a record vanishes
+with its lease, so a claim whose consumer died leaves nothing to see. Once asked to count, the
+store keeps beside each record a counter of its claims since it was last settled,
+``<prefix>:{<record key>}`` (:func:`lapse_key`: the record key as its hash tag, so both live in
+one cluster slot; under the ACL pattern of the records): the claim adds one (so a claim that
+finds ``n`` counts ``n - 1`` lapsed before it), and a mark, a release and a FAILED record delete
+it. It lives :data:`LAPSE_MEMORY_MS` after the last claim. The counted kinds
+(:data:`COUNTED_KINDS`) are scripts over the record keys followed by their counters' keys.
 
 Nothing here does I/O; :mod:`.transport` sends what :func:`plan_calls` builds.
 """
@@ -15,6 +25,7 @@ import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rocketmq_dedup.message import DedupElement, encode_text, escape_segment, to_text
+from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import CLAIMED, ClaimResult, Record, parse_status
 from rocketmq_dedup.stores.coalesce import Request, by_kind, deliver
 
@@ -101,15 +112,105 @@ end
 return false
 """
 
+#: How long a lapsed-claim counter lives after the last claim of its record (a poison message
+#: comes back within minutes, or hours through the broker's retries).
+LAPSE_MEMORY_MS = 86_400_000
+
+# The counted kinds' scripts: KEYS[1..n] the record keys, KEYS[n + i] the counter of record i
+# (lapse_key), ARGV as in the plain scripts.
+# Claim: as CLAIM_SCRIPT; a key claimed also counts the claim on its counter, and the reply is
+# the count (1: none lapsed before it; a refusal is the record's value, a repeat 1).
+CLAIM_COUNTED_SCRIPT = f"""
+local n = #KEYS / 2
+local result = {{}}
+for i = 1, n do
+  local current = redis.call('GET', KEYS[i])
+  if current == ARGV[i + 1] then
+    result[i] = 1
+  elseif current then
+    result[i] = current
+  else
+    redis.call('SET', KEYS[i], ARGV[i + 1], 'PX', ARGV[1])
+    local claims = tonumber(redis.call('GET', KEYS[n + i]) or '0') + 1
+    redis.call('SET', KEYS[n + i], claims, 'PX', {LAPSE_MEMORY_MS})
+    result[i] = claims
+  end
+end
+return result
+"""
+# Mark: as MARK_CONSUMED_SCRIPT, and the record settled (its counter deleted).
+MARK_COUNTED_SCRIPT = """
+local n = #KEYS / 2
+local result = {}
+for i = 1, n do
+  redis.call('SET', KEYS[i], ARGV[i + 1], 'PX', ARGV[1])
+  redis.call('DEL', KEYS[n + i])
+  result[i] = 1
+end
+return result
+"""
+# Release: as RELEASE_SCRIPT; a claim released settles its record (its counter deleted).
+RELEASE_COUNTED_SCRIPT = """
+local n = #KEYS / 2
+local result = {}
+for i = 1, n do
+  if redis.call('GET', KEYS[i]) == ARGV[i + 1] then
+    redis.call('DEL', KEYS[i])
+    redis.call('DEL', KEYS[n + i])
+    result[i] = 1
+  else
+    result[i] = 0
+  end
+end
+return result
+"""
+# FAILED: ARGV[1] the retention, ARGV[i + 1] "FAILED:<owner> <reason>". Each record becomes
+# FAILED unless it is CONSUMED (a success is never downgraded); each is settled (its counter,
+# if any, deleted). Returns 1 per key.
+MARK_FAILED_SCRIPT = """
+local n = #KEYS / 2
+local result = {}
+for i = 1, n do
+  local current = redis.call('GET', KEYS[i])
+  if not current or string.sub(current, 1, 9) ~= 'CONSUMED:' then
+    redis.call('SET', KEYS[i], ARGV[i + 1], 'PX', ARGV[1])
+  end
+  redis.call('DEL', KEYS[n + i])
+  result[i] = 1
+end
+return result
+"""
+
 CLAIM, MARK, RELEASE, RENEW = "claim", "mark", "release", "renew"
+CLAIM_COUNTED, MARK_COUNTED, RELEASE_COUNTED = "claim+", "mark+", "release+"
+FAIL = "fail"
+#: The kinds whose script takes each record's lapsed-claim counter after the record keys.
+COUNTED_KINDS = frozenset({CLAIM_COUNTED, MARK_COUNTED, RELEASE_COUNTED, FAIL})
 SCRIPTS = {
     CLAIM: CLAIM_SCRIPT,
     MARK: MARK_CONSUMED_SCRIPT,
     RELEASE: RELEASE_SCRIPT,
     RENEW: RENEW_SCRIPT,
+    CLAIM_COUNTED: CLAIM_COUNTED_SCRIPT,
+    MARK_COUNTED: MARK_COUNTED_SCRIPT,
+    RELEASE_COUNTED: RELEASE_COUNTED_SCRIPT,
+    FAIL: MARK_FAILED_SCRIPT,
 }
 CONSUMING = "CONSUMING:"
 CONSUMED = "CONSUMED:"
+FAILED = "FAILED:"
+
+
+def lapse_key(record_key: bytes) -> bytes:
+    """The lapsed-claim counter of a record: ``<prefix>:{<record key>}`` (the record key is its
+    hash tag: the same cluster slot; a record key holds no brace, every segment escaped)."""
+    return record_key[: record_key.index(b":")] + b":{" + record_key + b"}"
+
+
+def failed_value(owner: str, reason: str) -> str:
+    """A FAILED record's value: ``FAILED:<owner> <reason>`` (owner tokens hold no space)."""
+    return f"{FAILED}{owner} {reason}"
+
 
 #: Key heads (prefix, application, topic, tag) cached per store, and the longest one cached: the
 #: cache stays under 256 KiB whatever the elements are.
@@ -178,6 +279,8 @@ def plan_calls(batch: Sequence[Request], shas: Mapping[str, str], set_nx_get: bo
                 continue
         keys = [k for r in members for k in r.keys]
         values = [v for r in members for v in r.values]
+        if kind in COUNTED_KINDS:
+            keys += [lapse_key(k) for k in keys]
         calls.append(Call(("EVALSHA", shas[kind], len(keys), *keys, millis, *values), members))
     return calls
 
@@ -197,9 +300,12 @@ def set_get_reply(value: str) -> Callable[[Any], List[Any]]:
 
 
 def claim_result(reply: Any) -> ClaimResult:
-    """A claim's per-key reply: 1 when ours, else the record's value."""
+    """A claim's per-key reply: 1 when ours (a counted claim: the count of claims since the
+    record was last settled, this one included), else the record's value."""
     if reply == 1:
         return CLAIMED
+    if isinstance(reply, int):
+        return ClaimResult(True, None, reply - 1)
     return ClaimResult(False, parse_record(reply))
 
 
@@ -212,8 +318,13 @@ def parse_record(
         return None
     text = to_text(value)
     owner = text.partition(":")[2]
+    status = parse_status(text)
+    reason = None
+    if status is DedupStatus.FAILED:
+        owner, _, reason = owner.partition(" ")
     millis = int(pttl) if pttl is not None else -1
-    return Record(parse_status(text), owner or None, millis if millis >= 0 else None, element)
+    expires = millis if millis >= 0 else None
+    return Record(status, owner or None, expires, element, reason if reason else None)
 
 
 _UNESCAPE = re.compile(rb"%(25|3A|7B|7D)")

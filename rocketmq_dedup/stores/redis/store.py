@@ -5,7 +5,8 @@ Round trips: a fresh message costs two (claim, ``SET``), a duplicate one (claim)
 claim is ``SET key value NX PX lease GET`` on Redis >= 7.0 (else the claim script). The batch
 methods cost one round trip per batch on ``redis.Redis``; on a cluster they run one command per
 key, since a script may only touch one slot. On ``redis.Redis`` the requests of concurrent
-threads are coalesced into shared round trips (see :mod:`.coalesce`).
+threads are coalesced into shared round trips, and a CONSUMED mark may ride a later one
+(:mod:`rocketmq_dedup.stores.coalesce`).
 
 Connections of the client's pool (a bounded pool must be at least :data:`MIN_POOL_SIZE`):
 
@@ -77,17 +78,22 @@ from rocketmq_dedup.stores.coalesce import (
 from rocketmq_dedup.stores.redis import acl, transport
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
+    CLAIM_COUNTED,
     CONSUMED,
     CONSUMING,
     DEFAULT_KEY_PREFIX,
     DELETE_SCRIPT,
+    FAIL,
     MARK,
+    MARK_COUNTED,
     RELEASE,
+    RELEASE_COUNTED,
     RENEW,
     SCRIPTS,
     RecordKeys,
     app_key_pattern,
     claim_result,
+    failed_value,
     key_pattern,
     parse_key,
     parse_record,
@@ -176,6 +182,8 @@ class RedisDedupStore(DedupStore):
         )
         self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         self._set_nx_get = True  # until the server says it has no SET NX GET
+        #: The kinds of claims, marks and releases: counted ones once count_lapses() was called.
+        self._claim, self._mark, self._release = CLAIM, MARK, RELEASE
         # The connection of the coalesced round trips, checked out of the client's pool. The
         # finalizer gives it back when the store is dropped without close(); it references the
         # pinned connection only, never the store.
@@ -195,43 +203,58 @@ class RedisDedupStore(DedupStore):
         """The Redis key of ``element``."""
         return self._keys(element)
 
+    def count_lapses(self) -> None:
+        """From now on, claims, marks and releases keep each record's lapsed-claim counter
+        (:mod:`.records`): a claim is a script (not ``SET NX PX GET``) that also writes the
+        counter, and a mark or release deletes it, in the same round trip."""
+        self._claim, self._mark, self._release = CLAIM_COUNTED, MARK_COUNTED, RELEASE_COUNTED
+
     # -- I/O hooks -----------------------------------------------------------------------
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
         if lease_ms < self._shortest_lease_ms:
             self._shortest_lease_ms = lease_ms
-        reply = self._request(CLAIM, lease_ms, [self.record_key(element)], [CONSUMING + owner])
+        key = self.record_key(element)
+        reply = self._request(self._claim, lease_ms, [key], [CONSUMING + owner])
         return claim_result(reply[0])
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
         if lease_ms < self._shortest_lease_ms:
             self._shortest_lease_ms = lease_ms
-        reply = self._request(CLAIM, lease_ms, *self._keys_and_values(claims, CONSUMING))
+        reply = self._request(self._claim, lease_ms, *self._keys_and_values(claims, CONSUMING))
         return [claim_result(r) for r in reply]
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         element, owner = claim
-        self._mark(retention_ms, [self.record_key(element)], [CONSUMED + owner])
+        self._mark_or_defer(retention_ms, [self.record_key(element)], [CONSUMED + owner])
 
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
-        self._mark(retention_ms, *self._keys_and_values(claims, CONSUMED))
+        self._mark_or_defer(retention_ms, *self._keys_and_values(claims, CONSUMED))
 
-    def _mark(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
+    def _mark_or_defer(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
         """Mark CONSUMED: deferred to a later round trip when allowed, else now."""
         coalescer = self._coalescer
         if coalescer is not None and may_defer(self.defer_marks_ms, self._shortest_lease_ms):
-            coalescer.defer(Request(MARK, retention_ms, keys, values))
+            coalescer.defer(Request(self._mark, retention_ms, keys, values))
         else:
-            self._request(MARK, retention_ms, keys, values)
+            self._request(self._mark, retention_ms, keys, values)
+
+    def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        """Coalesced with the other threads' requests, never deferred: written before the
+        listener answers."""
+        element, owner = claim
+        value = failed_value(owner, reason)
+        self._request(FAIL, retention_ms, [self.record_key(element)], [value])
 
     def do_release(self, claim: Claim) -> bool:
         element, owner = claim
-        reply = self._request(RELEASE, 0, [self.record_key(element)], [CONSUMING + owner])
+        key = self.record_key(element)
+        reply = self._request(self._release, 0, [key], [CONSUMING + owner])
         return int(reply[0]) == 1
 
     def do_release_many(self, claims: Sequence[Claim]) -> int:
-        reply = self._request(RELEASE, 0, *self._keys_and_values(claims, CONSUMING))
+        reply = self._request(self._release, 0, *self._keys_and_values(claims, CONSUMING))
         return sum(int(r) for r in reply)
 
     def do_renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
