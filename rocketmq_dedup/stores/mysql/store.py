@@ -645,8 +645,9 @@ class MySQLDedupStore(SqlTables, DedupStore):
         """Never deferred, and not coalesced: a FAILED record is rare, and its statement may
         fail on a table made before FAILED records (then it is written again without the
         reason), which would fail every request sharing its round trip. It runs on a pooled
-        connection of its own, beside the coalesced round trips (other elements' claims and
-        deferred marks; its own claim's mark never comes)."""
+        connection of its own, after the deferred CONSUMED marks were sent (a success marked
+        before is never downgraded by it)."""
+        self._flush_marks()
         self._op(self._mark_failed, claim, retention_ms, reason)
 
     def _mark_failed(self, runner: Runner, claim: Claim, retention_ms: int, reason: str) -> None:
