@@ -242,6 +242,23 @@ def test_a_copy_elsewhere_is_consumed_later_until_the_deferred_mark_lands(
     other_store.close()
 
 
+def test_a_failed_record_after_a_deferred_mark_never_overwrites_the_success(
+    mysql_table: str, app_name: str
+) -> None:
+    """mark_failed after a deferred CONSUMED mark of the same element sends the mark first: the
+    row reads CONSUMED by its owner right after, never FAILED (a reader elsewhere would have
+    answered a copy as failed)."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table, defer_marks_ms=500)
+    element = DedupElement(app_name, "TEST-TOPIC", "TagA", "m1")
+    store.claim(Claim(element, "o1"), 60_000)
+    store.mark_consumed(Claim(element, "o1"), 60_000)
+    row = f"SELECT status, owner_token FROM {mysql_table} WHERE dedup_key = %s"
+    assert query(row, element.digest()) == (("CONSUMING", "o1"),)  # the mark waits
+    store.mark_failed(Claim(element, "o2"), 60_000, "late")
+    assert query(row, element.digest()) == (("CONSUMED", "o1"),)
+    store.close()
+
+
 def test_binary_keys_and_text_go_to_the_server_as_the_same_values(mysql_table: str) -> None:
     """mysqlclient runners send binary keys as hex literals and quote text once per value:
     the server reads back exactly the bytes and the text that were sent, quotes, backslashes,
