@@ -17,7 +17,7 @@ from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.coalesce import Coalescer, Request
 from rocketmq_dedup.stores.redis import RedisDedupStore
-from tests.support import outcome, wait_for
+from tests.support import consume_in_threads, outcome, wait_for
 
 WAKERS: List[Any] = [coalesce.LockWaker]
 if hasattr(os, "eventfd"):
@@ -485,7 +485,6 @@ def test_concurrent_threads_share_round_trips(
     import logging
 
     from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
-    from rocketmq_dedup.testing import ClassicMessage
 
     class Ok(DedupConcurrentListener):
         def do_handle_msg(self, msg: Any) -> bool:
@@ -507,21 +506,7 @@ def test_concurrent_threads_share_round_trips(
     handler.emit = lambda record: errors.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("rocketmq_dedup").addHandler(handler)
     try:
-        barrier = threading.Barrier(8)
-
-        answers: List[Any] = []
-
-        def work(t: int) -> None:
-            barrier.wait(10)
-            for i in range(200):
-                answers.append(listener(ClassicMessage(f"{t}-{i}")))
-
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive()
+        answers = consume_in_threads(listener, 8, 200)
     finally:
         logging.getLogger("rocketmq_dedup").removeHandler(handler)
     assert [e for e in errors if "failed" in e or "could not" in e] == []
@@ -672,20 +657,7 @@ def test_permanent_failures_are_recorded_beside_coalesced_claims_and_deferred_ma
     )
     listener = Orders(config)
     ids = [f"{t}-{i}" for t in range(6) for i in range(60)]
-    answers: List[Any] = []
-    barrier = threading.Barrier(6)
-
-    def work(t: int) -> None:
-        barrier.wait(10)
-        for i in range(60):
-            answers.append(listener(ClassicMessage(f"{t}-{i}")))
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-        assert not thread.is_alive()
+    answers = consume_in_threads(listener, 6, 60)
     assert answers == [ConsumeStatus.CONSUME_SUCCESS] * len(ids)
     assert sorted(runs) == sorted(ids)
     store.close()  # sends the CONSUMED marks still deferred

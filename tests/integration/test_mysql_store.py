@@ -21,7 +21,7 @@ from rocketmq_dedup import (
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.mysql import PURGE_SCAN_SQL, MySQLDedupStore
 from rocketmq_dedup.testing import ClassicMessage
-from tests.support import claims, mysql_connect, wait_for
+from tests.support import claims, consume_in_threads, mysql_connect, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -180,19 +180,8 @@ def test_concurrent_threads_share_round_trips(mysql_table: str, app_name: str) -
     store.coalescer._execute = counting
     listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
     batches.clear()  # the start-up check's probe claim, mark and release
-    barrier = threading.Barrier(8)
-
-    def worker(t: int) -> None:
-        barrier.wait(10)
-        for i in range(100):
-            assert listener(ClassicMessage(f"{t}-{i}")) is ConsumeStatus.CONSUME_SUCCESS
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-        assert not t.is_alive()
+    answers = consume_in_threads(listener, 8, 100)
+    assert answers == [ConsumeStatus.CONSUME_SUCCESS] * 800
     store.close()  # sends the CONSUMED marks still deferred
     assert sorted(listener.handled) == sorted(f"{t}-{i}" for t in range(8) for i in range(100))
     assert sum(batches) == 8 * 100 * 2  # one claim and one mark per message
