@@ -23,11 +23,19 @@ PREFIX = "baseline_"
 
 
 class Child:
-    """A running worker: one request, one answer."""
+    """A running worker script (``worker``, run by ``python``) that imports ``checkout``'s
+    package: one request, one answer."""
 
-    def __init__(self, checkout: Path) -> None:
+    def __init__(
+        self,
+        checkout: Path,
+        worker: Path = WORKER,
+        python: str = sys.executable,
+        name: str = "baseline worker",
+    ) -> None:
+        self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), str(checkout)],
+            [python, str(worker), str(checkout)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -36,7 +44,7 @@ class Child:
         imported = Path(ready["ready"]).resolve()
         if checkout.resolve() not in imported.parents:
             self.close()
-            raise BenchError(f"baseline: imported {imported}, not the one in {checkout}")
+            raise BenchError(f"{name}: imported {imported}, not the one in {checkout}")
 
     def ask(self, op: str, **fields: Any) -> Any:
         assert self.proc.stdin is not None
@@ -44,14 +52,14 @@ class Child:
         self.proc.stdin.flush()
         answer = self._read()
         if "error" in answer:
-            raise BenchError(f"baseline worker: {answer['error']}")
+            raise BenchError(f"{self.name}: {answer['error']}")
         return answer
 
     def _read(self) -> Any:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            raise BenchError(f"baseline worker exited ({self.proc.wait()})")
+            raise BenchError(f"{self.name} exited ({self.proc.wait()})")
         return json.loads(line)
 
     def close(self) -> None:

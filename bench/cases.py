@@ -38,12 +38,13 @@ from bench.settings import (
 from rocketmq_dedup import DedupConcurrentListener, DedupConfig, TransactionalDedupListener
 from rocketmq_dedup.message import DedupElement, element_digest
 from rocketmq_dedup.status import ConsumeStatus
+from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.mysql import schema_sql
 from rocketmq_dedup.stores.mysql.sql import RECORD_INSERT_SQL
 from rocketmq_dedup.stores.postgres import schema_statements as postgres_schema
 from rocketmq_dedup.stores.postgres.sql import RECORD_COMMIT_SQL
-from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
+from rocketmq_dedup.stores.redis import RedisDedupStore
 from rocketmq_dedup.testing import ClassicMessage
 
 OK = ConsumeStatus.CONSUME_SUCCESS

@@ -12,11 +12,13 @@ from typing import Optional, Sequence
 
 from bench.aio import AIO_CASES
 from bench.cases import IN_PROCESS_CASES, BenchError, Case, Context
+from bench.drain import CONSUMER_CASES, baseline_consumer_cases
 from bench.e2e import E2E_CASES
 from bench.outbox import OUTBOX_CASES
 from bench.report import (
     environment,
     evaluate,
+    format_added_cpu,
     format_table,
     format_targets,
     git_commit,
@@ -26,7 +28,9 @@ from bench.report import (
 from bench.runner import log_stderr, run_cases
 from bench.settings import BenchSetupError, Servers
 
-ALL_CASES: tuple[type[Case], ...] = IN_PROCESS_CASES + AIO_CASES + E2E_CASES + OUTBOX_CASES
+ALL_CASES: tuple[type[Case], ...] = (
+    IN_PROCESS_CASES + AIO_CASES + E2E_CASES + CONSUMER_CASES + OUTBOX_CASES
+)
 QUICK_REPS, FULL_REPS = 5, 7
 ROUNDS = 8  # parts per case and repetition, measured in interleaved rounds (bench.runner)
 
@@ -49,7 +53,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"small N, {QUICK_REPS} reps, no e2e cases (under 2 minutes)",
+        help=f"small N, {QUICK_REPS} reps; of the cases through the broker only the drain "
+        "cases (*_drain)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     parser.add_argument(
@@ -78,9 +83,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         "--baseline",
         type=Path,
         metavar="PATH",
-        help="also run memory_fresh and memory_dup with the listener of the checkout at PATH "
-        "(e.g. a 'git worktree' of an older commit), in a child process, side by side with "
-        "this run's (cases baseline_memory_*)",
+        help="also run memory_fresh and memory_dup, and the selected drain and paced cases "
+        "with a store, with the listener of the checkout at PATH (e.g. a 'git worktree' of an "
+        "older commit), in a child process, side by side with this run's (cases baseline_*)",
     )
     parser.add_argument("--check", action="store_true", help="exit 1 if a target fails")
     parser.add_argument("--chart", type=Path, metavar="PATH", help="also render a PNG chart")
@@ -156,6 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         selected = {c.name for c in classes}
         classes += [c for c in baseline_cases(args.baseline) if c.of.name in selected]
+        classes += baseline_consumer_cases(args.baseline, selected)
     if args.services:
         print(" ".join(needed_services(classes)))
         return 0
@@ -197,6 +203,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = environment(versions, options)
     print(f"cpu: {env['cpu_model']} ({env['cpus_usable']} usable), commit {env['git_commit']}")
     print(format_table(results))
+    added = format_added_cpu(results)
+    if added:
+        print()
+        print(added)
     print()
     print(format_targets(evaluated))
     document = to_json(results, env, evaluated)

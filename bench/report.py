@@ -90,6 +90,24 @@ TARGETS: tuple[Target, ...] = (
     Target("e2e_outbox_latency_poll", None, None, detail="latency_p99_ms"),
     Target("outbox_relay", None, 2_000.0),
     Target("outbox_relay_sharded", None, 1_000.0),
+    # Issue 33: a consumer draining a backlog (its CPU the bottleneck), and one paced below its
+    # capacity (it keeps up: the rates match), per client (classic push, 5.x push, 5.x simple)
+    *(
+        Target(f"{client}_{store}_drain", f"{client}_nodedup_drain", threshold)
+        for client in ("e2e", "e2e_grpc", "e2e_simple")
+        for store, threshold in (("redis", 0.7), ("mysql", 0.6))
+    ),
+    *(
+        Target(f"{client}_{store}_paced", f"{client}_nodedup_paced", 0.95)
+        for client in ("e2e", "e2e_grpc", "e2e_simple")
+        for store in ("redis", "mysql")
+    ),
+    *(
+        Target(f"{client}_{store}_{regime}", f"baseline_{client}_{store}_{regime}", None, True)
+        for regime in ("drain", "paced")
+        for client in ("e2e", "e2e_grpc", "e2e_simple")
+        for store in ("redis", "mysql")
+    ),
 )
 
 
@@ -190,6 +208,56 @@ def format_targets(evaluated: list[TargetResult]) -> str:
     return "\n".join(lines)
 
 
+#: The consumer cases' clients (name prefixes) and stores (bench.drain).
+CONSUMER_CLIENTS = {"e2e": "classic push", "e2e_grpc": "5.x push", "e2e_simple": "5.x simple"}
+CONSUMER_STORES = ("redis", "mysql")
+
+
+def added_cpu(results: list[CaseResult]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per regime and client: the consumer's own CPU per message (``nodedup``, µs), and per
+    store the CPU dedup adds to it (the median of the per-rep differences, µs) and that as a
+    ratio to the client's own (``<store>_ratio``); baselines too, as ``baseline_<store>``."""
+    by_name = {r.name: r for r in results}
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for regime in ("drain", "paced"):
+        for client in CONSUMER_CLIENTS:
+            own = by_name.get(f"{client}_nodedup_{regime}")
+            if own is None:
+                continue
+            row = {"nodedup": statistics.median(own.cpu_us)}
+            for store in CONSUMER_STORES:
+                for prefix in ("", "baseline_"):
+                    case = by_name.get(f"{prefix}{client}_{store}_{regime}")
+                    if case is None:
+                        continue
+                    extra = [a - b for a, b in zip(case.cpu_us, own.cpu_us, strict=False)]
+                    row[prefix + store] = statistics.median(extra)
+                    row[f"{prefix}{store}_ratio"] = statistics.median(extra) / row["nodedup"]
+            table.setdefault(regime, {})[client] = row
+    return table
+
+
+def format_added_cpu(results: list[CaseResult]) -> str:
+    """The table of :func:`added_cpu` (empty without consumer cases)."""
+    lines = []
+    for regime, clients in added_cpu(results).items():
+        lines.append(
+            f"consumer CPU per message, {regime}: the client's own, and what dedup adds "
+            "(median of per-rep differences; x: ratio to the client's own)"
+        )
+        for client, row in clients.items():
+            cells = [f"{CONSUMER_CLIENTS[client]:<13} own {row['nodedup']:7.1f} us"]
+            for store in CONSUMER_STORES:
+                for prefix in ("", "baseline_"):
+                    if prefix + store in row:
+                        cells.append(
+                            f"{prefix}{store} +{row[prefix + store]:6.1f} us "
+                            f"(x{row[prefix + store + '_ratio']:.2f})"
+                        )
+            lines.append("  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
 def to_json(
     results: list[CaseResult], env: dict[str, Any], evaluated: list[TargetResult]
 ) -> dict[str, Any]:
@@ -198,6 +266,7 @@ def to_json(
             r.name: {"msgs_per_s": r.median, "reps": r.reps, "n": r.n, **r.costs()} for r in results
         },
         "ratios": ratios(results),
+        "added_cpu_us_per_msg": added_cpu(results),
         "targets": [
             {
                 "name": t.target.name,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from tests.support import ROCKETMQ_NAMESRV
+from tests.support import ROCKETMQ_NAMESRV, ROCKETMQ_PROXY
 
 #: Every Redis key the bench writes starts with one of these prefixes (cleaned between reps).
 LIBRARY_KEY_PREFIX = "DEDUPBENCH"
@@ -17,14 +17,20 @@ NAIVE_KEY_PREFIX = "DEDUPBENCH-NAIVE"
 POWERTOOLS_KEY_PREFIX = "DEDUPBENCH-PT"
 BENCH_KEY_PATTERNS = (f"{LIBRARY_KEY_PREFIX}*",)  # the other two prefixes start with this one
 
+#: Appended to every bench table's name (DEDUP_BENCH_TABLE_SUFFIX, e.g. "_ab"): a run recreates
+#: its tables, so two runs on one database at once need tables of their own.
+TABLE_SUFFIX = os.environ.get("DEDUP_BENCH_TABLE_SUFFIX", "")
 #: Bench-only MySQL and PostgreSQL tables (the library's schema, and the Java original's for the
 #: baseline).
-LIBRARY_TABLE = "t_rocketmq_dedup_bench"
-NAIVE_TABLE = "t_rocketmq_dedup_bench_naive"
+LIBRARY_TABLE = "t_rocketmq_dedup_bench" + TABLE_SUFFIX
+NAIVE_TABLE = "t_rocketmq_dedup_bench_naive" + TABLE_SUFFIX
+#: The drain and paced cases' dedup table (bench.drain): their own, so that another run of the
+#: in-process cases, which recreates LIBRARY_TABLE, never drops it under a live consumer.
+CONSUMER_TABLE = "t_rocketmq_dedup_bench_consumer" + TABLE_SUFFIX
 #: The business tables of the exactly-once cases (mysql_tx_*): accounts updated and a ledger
 #: appended to by one business transaction per message.
-TX_ACCOUNT_TABLE = "t_rocketmq_dedup_bench_account"
-TX_LEDGER_TABLE = "t_rocketmq_dedup_bench_ledger"
+TX_ACCOUNT_TABLE = "t_rocketmq_dedup_bench_account" + TABLE_SUFFIX
+TX_LEDGER_TABLE = "t_rocketmq_dedup_bench_ledger" + TABLE_SUFFIX
 
 TOPIC = "DEDUP-BENCH"
 TAG = "TagBench"
@@ -32,6 +38,7 @@ LEASE_MS = 60_000
 RESERVE_MINUTES = 1440
 
 NAMESRV_ADDR = os.environ.get("DEDUP_NAMESRV_ADDR") or ROCKETMQ_NAMESRV
+PROXY_ADDR = ROCKETMQ_PROXY  # the 5.x client's gRPC endpoint
 
 
 class BenchSetupError(RuntimeError):
@@ -46,6 +53,7 @@ class Servers:
     mysql: dict[str, Any]
     namesrv_addr: str
     postgres_dsn: str = "postgresql://dedup:dedup@127.0.0.1:15432/dedup_test"
+    proxy_addr: str = PROXY_ADDR
 
     @classmethod
     def from_env(cls) -> Servers:

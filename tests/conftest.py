@@ -37,7 +37,8 @@ from tests.support import (
 
 TEST_TABLE = "t_rocketmq_dedup_test"
 # "mysql" runs on mysqlclient (its connection API), "mysql_pymysql" on PyMySQL and
-# "mysql_connector" on mysql-connector-python (both through DB-API cursors).
+# "mysql_connector" on mysql-connector-python (both through DB-API cursors), each with its
+# threads' requests coalesced; "mysql_uncoalesced": mysqlclient, each call on its own.
 MYSQL_DRIVERS = {
     "mysql": "mysqlclient",
     "mysql_pymysql": "pymysql",
@@ -49,7 +50,7 @@ MYSQL_DRIVERS = {
 # encoding; built as PostgresDedupStore explicitly), "postgres_pool" a psycopg_pool pool,
 # "postgres_sqlalchemy" a SQLAlchemy engine (postgresql+psycopg).
 PG_KINDS = ["postgres", "postgres_factory", "postgres_pool", "postgres_sqlalchemy"]
-STORE_KINDS = ["memory", "redis", "redis_cluster", *MYSQL_DRIVERS, *PG_KINDS]
+STORE_KINDS = ["memory", "redis", "redis_cluster", *MYSQL_DRIVERS, "mysql_uncoalesced", *PG_KINDS]
 
 
 @pytest.fixture(scope="session")
@@ -279,9 +280,11 @@ def make_store(kind: str, request: pytest.FixtureRequest) -> DedupStore:
         return RedisDedupStore(request.getfixturevalue("redis_client"))
     if kind == "redis_cluster":
         return RedisDedupStore(request.getfixturevalue("redis_cluster_client"))
-    if kind in MYSQL_DRIVERS:
+    if kind in MYSQL_DRIVERS or kind == "mysql_uncoalesced":
         table = request.getfixturevalue("mysql_table")
-        store = MySQLDedupStore(mysql_connect(MYSQL_DRIVERS[kind]), table)
+        coalesce = kind != "mysql_uncoalesced"
+        driver = MYSQL_DRIVERS.get(kind, "mysqlclient")
+        store = MySQLDedupStore(mysql_connect(driver), table, coalesce=coalesce)
         request.addfinalizer(store.close)
         return store
     if kind in PG_KINDS:

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -316,3 +317,25 @@ def otel_points(reader: Any) -> Dict[Tuple[str, Optional[str]], float]:
                     value = getattr(p, "value", None)
                     found[key] = found.get(key, 0) + (value if value is not None else p.count)
     return found
+
+
+def consume_in_threads(listener: Callable[[Any], Any], threads: int, each: int) -> List[Any]:
+    """``threads`` threads, started together, each passing ``each`` messages ``"<t>-<i>"``
+    (ClassicMessage) to ``listener``; every answer, once all threads ended (within a minute)."""
+    from rocketmq_dedup.testing import ClassicMessage
+
+    barrier = threading.Barrier(threads)
+    answers: List[Any] = []
+
+    def work(t: int) -> None:
+        barrier.wait(10)
+        for i in range(each):
+            answers.append(listener(ClassicMessage(f"{t}-{i}")))
+
+    started = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join(60)
+        assert not thread.is_alive()
+    return answers

@@ -24,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 #: The options each kind of store takes (keywords of its constructor).
 _OPTIONS_BY_STORE = {
-    RedisDedupStore: frozenset({"key_prefix"}),
-    MySQLDedupStore: frozenset({"table_name", "pool_size", "pool_timeout"}),
+    RedisDedupStore: frozenset({"key_prefix", "defer_marks_ms"}),
+    MySQLDedupStore: frozenset({"table_name", "pool_size", "pool_timeout", "defer_marks_ms"}),
     PostgresDedupStore: frozenset({"table_name", "pool_size", "pool_timeout"}),
 }
 STORE_OPTIONS = frozenset().union(*_OPTIONS_BY_STORE.values())

@@ -1,8 +1,8 @@
 """The integration layer: ``store`` runs on every server kind (Redis, Redis Cluster, MariaDB
-through mysqlclient, PyMySQL and mysql-connector-python, PostgreSQL through a psycopg factory of
-either shape, a psycopg_pool pool and a SQLAlchemy engine); tests are marked ``redis``,
-``mysql`` or ``postgres`` by the servers they use (a private server a test starts itself
-counts: ``private_redis``, ``private_mariadb``)."""
+through mysqlclient, PyMySQL and mysql-connector-python, and mysqlclient without coalescing,
+PostgreSQL through a psycopg factory of either shape, a psycopg_pool pool and a SQLAlchemy
+engine); tests are marked ``redis``, ``mysql`` or ``postgres`` by the servers they use (a
+private server a test starts itself counts: ``private_redis``, ``private_mariadb``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from rocketmq_dedup.stores.base import DedupStore
 from tests.conftest import MYSQL_DRIVERS, PG_KINDS, make_store
 
-STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS, *PG_KINDS]
+STORE_KINDS = ["redis", "redis_cluster", *MYSQL_DRIVERS, "mysql_uncoalesced", *PG_KINDS]
 _REDIS_FIXTURES = {"redis_client", "redis_cluster_client", "private_redis"}
 _MYSQL_FIXTURES = {"mysql_table", "private_mariadb"}
 _PG_FIXTURES = {"pg_table", "pg_pool", "pg_engine"}

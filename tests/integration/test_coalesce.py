@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import time
+import weakref
 from typing import Any, Callable, List, Set
 
 import pytest
 import redis
 
 from rocketmq_dedup import DedupElement, DedupStatus, StoreError
+from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.base import Claim
-from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
-from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request
-from tests.support import outcome, wait_for
+from rocketmq_dedup.stores.coalesce import Coalescer, Request
+from rocketmq_dedup.stores.redis import RedisDedupStore
+from tests.support import consume_in_threads, outcome, wait_for
 
 WAKERS: List[Any] = [coalesce.LockWaker]
 if hasattr(os, "eventfd"):
@@ -260,6 +264,179 @@ def test_forked_child_gets_an_idle_coalescer_and_no_parent_waker(waker: Any) -> 
     assert coalescer.spare_wakers() == parent_spares  # the parent keeps its own
 
 
+# -- deferred requests (the stores' CONSUMED marks) ---------------------------------------------
+
+
+class Recorder:
+    """An ``execute`` that records each batch's request kinds; every request gets "done", or,
+    while ``failing``, a ConnectionError."""
+
+    def __init__(self) -> None:
+        self.batches: List[List[str]] = []
+        self.at: List[float] = []
+        self.failing = False
+
+    def __call__(self, batch: List[Request]) -> None:
+        self.batches.append([r.kind for r in batch])
+        self.at.append(time.monotonic())
+        for r in batch:
+            if self.failing:
+                r.error = ConnectionError("lost")
+            else:
+                r.result = "done"
+
+
+def test_deferred_requests_ride_the_next_round_trip_ahead_of_it(waker: Any) -> None:
+    """Deferred requests are not sent on their own: the next round trip carries them, first,
+    in the order they were deferred; the caller of that round trip gets its own result."""
+    execute = Recorder()
+    coalescer = Coalescer(execute, waker, defer_ms=60_000)
+    coalescer.defer(Request("mark", 1, [b"a"], ["v"]))
+    coalescer.defer(Request("mark2", 1, [b"b"], ["v"]))
+    assert execute.batches == [] and coalescer.deferred == 2 and not coalescer.idle
+    assert coalescer.run(make_request()).result == "done"
+    assert execute.batches == [["mark", "mark2", "claim"]]
+    assert coalescer.deferred == 0 and coalescer.idle
+
+
+def test_a_deferred_request_no_round_trip_carries_is_sent_within_defer_ms(waker: Any) -> None:
+    """With no other traffic the flusher sends a deferred request once it has waited
+    ``defer_ms`` (here 40 ms): not before, and not much after."""
+    execute = Recorder()
+    coalescer = Coalescer(execute, waker, defer_ms=40)
+    deferred_at = time.monotonic()
+    coalescer.defer(Request("mark", 1, [b"a"], ["v"]))
+    wait_for(lambda: execute.batches, timeout=5)
+    waited = execute.at[0] - deferred_at
+    assert execute.batches == [["mark"]]
+    assert 0.04 <= waited < 0.04 + 0.5  # the bound, and the scheduler's slack
+    coalescer.defer(Request("mark", 1, [b"b"], ["v"]))  # the flusher serves the next one too
+    wait_for(lambda: len(execute.batches) == 2, timeout=5)
+
+
+def test_the_flusher_is_not_woken_for_each_request_round_trips_carry(
+    waker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While round trips carry the deferred requests (a steady consumer: mark, claim, mark,
+    ...), the flusher looks about once per defer_ms, not once per request (before: each
+    deferral found it idle and woke it, two more context switches a message)."""
+    looks: List[float] = []
+    flush_due = Coalescer._flush_due
+
+    def counted(self: Coalescer, *args: Any) -> Any:
+        looks.append(time.monotonic())
+        return flush_due(self, *args)
+
+    monkeypatch.setattr(Coalescer, "_flush_due", counted)
+
+    def io(batch: List[Request]) -> None:
+        time.sleep(0.0005)  # the round trip: the GIL released, the flusher free to run
+        for r in batch:
+            r.result = "done"
+
+    coalescer = Coalescer(io, waker, defer_ms=50)
+    began = time.monotonic()
+    for i in range(200):
+        coalescer.defer(Request("mark", 1, [b"%d" % i], ["v"]))
+        coalescer.run(make_request())
+    periods = (time.monotonic() - began) / 0.05
+    assert len(looks) <= periods + 3, (len(looks), periods)
+
+
+def test_flush_sends_the_deferred_now_and_nothing_without_them(waker: Any) -> None:
+    """flush() sends the deferred requests in a round trip of their own and returns once it
+    is done; with none deferred it sends nothing."""
+    execute = Recorder()
+    coalescer = Coalescer(execute, waker, defer_ms=60_000)
+    coalescer.flush()
+    assert execute.batches == []
+    deferred = Request("mark", 1, [b"a"], ["v"])
+    coalescer.defer(deferred)
+    coalescer.flush()
+    assert execute.batches == [["mark"]] and deferred.result == "done"
+    assert coalescer.idle
+
+
+def test_a_failed_deferred_request_is_sent_again_then_reported(waker: Any) -> None:
+    """A deferred request whose round trip failed rides the next ones again, up to
+    DEFERRED_ATTEMPTS round trips in all; then on_deferred_error is told, once, with it."""
+    execute = Recorder()
+    reported: List[Any] = []
+    coalescer = Coalescer(
+        execute,
+        waker,
+        defer_ms=60_000,
+        on_deferred_error=lambda requests, error: reported.append((requests, error)),
+    )
+    deferred = Request("mark", 1, [b"a"], ["v"])
+    coalescer.defer(deferred)
+    execute.failing = True
+    for attempt in range(1, coalesce.DEFERRED_ATTEMPTS + 1):
+        coalescer.run(make_request())
+        assert execute.batches[-1] == ["mark", "claim"]
+        assert coalescer.deferred == (0 if attempt == coalesce.DEFERRED_ATTEMPTS else 1)
+    assert len(reported) == 1
+    assert reported[0][0] == [deferred] and isinstance(reported[0][1], ConnectionError)
+    coalescer.run(make_request())
+    assert execute.batches[-1] == ["claim"]  # given up: not sent again
+
+
+def test_a_deferred_request_that_failed_once_lands_with_the_next_round_trip(waker: Any) -> None:
+    """One failed round trip (a lock wait that timed out, a lost connection) loses no
+    deferred request: the next round trip writes it, and nothing is reported."""
+    execute = Recorder()
+    reported: List[Any] = []
+    coalescer = Coalescer(
+        execute, waker, defer_ms=60_000, on_deferred_error=lambda r, e: reported.append(r)
+    )
+    deferred = Request("mark", 1, [b"a"], ["v"])
+    coalescer.defer(deferred)
+    execute.failing = True
+    coalescer.run(make_request())
+    execute.failing = False
+    coalescer.run(make_request())
+    assert execute.batches == [["mark", "claim"], ["mark", "claim"]]
+    assert deferred.result == "done" and reported == []
+
+
+def test_the_flusher_thread_ends_with_its_coalescer(waker: Any) -> None:
+    """The flusher holds no reference to its coalescer: a coalescer that is dropped is
+    collected, and its flusher thread ends."""
+    before = set(threading.enumerate())
+    execute = Recorder()
+    coalescer = Coalescer(execute, waker, defer_ms=20)
+    coalescer.defer(Request("mark", 1, [b"a"], ["v"]))
+    (flusher,) = [t for t in set(threading.enumerate()) - before if t.name.endswith("flusher")]
+    wait_for(lambda: execute.batches, timeout=5)
+    ref = weakref.ref(coalescer)
+    del coalescer
+    gc.collect()
+    assert ref() is None
+    flusher.join(5)
+    assert not flusher.is_alive()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX only")
+def test_forked_child_never_sends_the_parents_deferred_requests(waker: Any) -> None:
+    """Deferred requests belong to the process that deferred them: a forked child starts with
+    none (the parent sends its own), and defers and flushes its own."""
+    execute = Recorder()
+    coalescer = Coalescer(execute, waker, defer_ms=60_000)
+    coalescer.defer(Request("mark", 1, [b"a"], ["v"]))
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        ok = coalescer.deferred == 0 and coalescer.idle
+        coalescer.defer(Request("child-mark", 1, [b"c"], ["v"]))
+        coalescer.flush()
+        ok = ok and execute.batches == [["child-mark"]]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert coalescer.deferred == 1
+    coalescer.flush()
+    assert execute.batches == [["mark"]]
+
+
 def test_failed_round_trip_raises_store_error(redis_client: redis.Redis) -> None:
     """A round trip that fails (no server) reaches the caller as a StoreError."""
     store = RedisDedupStore(redis.Redis(port=1, retry=None, socket_connect_timeout=0.2))
@@ -308,7 +485,6 @@ def test_concurrent_threads_share_round_trips(
     import logging
 
     from rocketmq_dedup import ConsumeStatus, DedupConcurrentListener, DedupConfig
-    from rocketmq_dedup.testing import ClassicMessage
 
     class Ok(DedupConcurrentListener):
         def do_handle_msg(self, msg: Any) -> bool:
@@ -330,25 +506,12 @@ def test_concurrent_threads_share_round_trips(
     handler.emit = lambda record: errors.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("rocketmq_dedup").addHandler(handler)
     try:
-        barrier = threading.Barrier(8)
-
-        answers: List[Any] = []
-
-        def work(t: int) -> None:
-            barrier.wait(10)
-            for i in range(200):
-                answers.append(listener(ClassicMessage(f"{t}-{i}")))
-
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive()
+        answers = consume_in_threads(listener, 8, 200)
     finally:
         logging.getLogger("rocketmq_dedup").removeHandler(handler)
     assert [e for e in errors if "failed" in e or "could not" in e] == []
     assert answers == [ConsumeStatus.CONSUME_SUCCESS] * (8 * 200)
+    store.close()  # sends the CONSUMED marks still deferred
     assert sum(batches) == 8 * 200 * 2  # one claim and one mark per message
     assert len(batches) < 8 * 200 * 2 * 0.9  # round trips were shared, and not just once
     assert all(
@@ -448,3 +611,68 @@ def test_spare_wakers_are_bounded_and_the_rest_closed(waker: Any) -> None:
         gc.collect()
         opened = len(os.listdir("/proc/self/fd")) - fds_before
         assert opened <= (2 if waker is coalesce.EventFdWaker else 0)
+
+
+@pytest.mark.parametrize("kind", ["redis", "mysql"])
+def test_permanent_failures_are_recorded_beside_coalesced_claims_and_deferred_marks(
+    kind: str, app_name: str, waker: Any, request: pytest.FixtureRequest
+) -> None:
+    """6 threads x 60 messages, every third one's handler raising PermanentFailure, lapsed
+    claims counted (max_lapsed_claims): each success is CONSUMED and each failure FAILED with
+    its reason once the deferred marks are sent, every copy after is answered without its
+    handler; on Redis the FAILED records ride the shared round trips (with the counted kinds)."""
+    from rocketmq_dedup import (
+        ConsumeStatus,
+        DedupConcurrentListener,
+        DedupConfig,
+        PermanentFailure,
+    )
+    from rocketmq_dedup.testing import ClassicMessage
+    from tests.conftest import make_store
+
+    store: Any = (
+        coalesced_store(request.getfixturevalue("redis_client"), waker)
+        if kind == "redis"
+        else make_store("mysql", request)
+    )
+    kinds: List[List[str]] = []
+    execute = store.coalescer._execute
+
+    def recording(batch: List[Request]) -> None:
+        kinds.append([r.kind for r in batch])
+        execute(batch)
+
+    store.coalescer._execute = recording
+    runs: List[str] = []
+
+    class Orders(DedupConcurrentListener):
+        def do_handle_msg(self, msg: Any) -> bool:
+            runs.append(msg.id)
+            if int(msg.id.split("-")[1]) % 3 == 0:
+                raise PermanentFailure(f"order {msg.id} has no amount")
+            return True
+
+    config = DedupConfig.enable_dedup_consume_config(
+        app_name, store, max_lapsed_claims=3, permanent_failure="ack"
+    )
+    listener = Orders(config)
+    ids = [f"{t}-{i}" for t in range(6) for i in range(60)]
+    answers = consume_in_threads(listener, 6, 60)
+    assert answers == [ConsumeStatus.CONSUME_SUCCESS] * len(ids)
+    assert sorted(runs) == sorted(ids)
+    store.close()  # sends the CONSUMED marks still deferred
+    for message_id in ids:
+        record: Any = store.read(DedupElement(app_name, "TEST-TOPIC", "TagA", message_id))
+        if int(message_id.split("-")[1]) % 3 == 0:
+            assert (record.status, record.reason) == (
+                DedupStatus.FAILED,
+                f"order {message_id} has no amount",
+            )
+        else:
+            assert record.status is DedupStatus.CONSUMED
+    again = [listener(ClassicMessage(message_id)) for message_id in ids]
+    assert again == [ConsumeStatus.CONSUME_SUCCESS] * len(ids)
+    assert len(runs) == len(ids)  # no handler ran for a copy
+    if kind == "redis":
+        assert any("fail" in batch and len(batch) > 1 for batch in kinds)
+    listener.close()

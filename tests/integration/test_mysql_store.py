@@ -21,7 +21,7 @@ from rocketmq_dedup import (
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.mysql import PURGE_SCAN_SQL, MySQLDedupStore
 from rocketmq_dedup.testing import ClassicMessage
-from tests.support import claims, mysql_connect, wait_for
+from tests.support import claims, consume_in_threads, mysql_connect, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -162,6 +162,110 @@ def test_thread_pool_shares_one_store(mysql_store: MySQLDedupStore, app_name: st
         t.join(60)
     assert errors == []
     assert sorted(listener.handled) == sorted(f"m{i}" for i in range(40))
+
+
+def test_concurrent_threads_share_round_trips(mysql_table: str, app_name: str) -> None:
+    """8 threads x 100 fresh messages: the claims, marks and releases of concurrent threads
+    share round trips (one statement per kind in each); every message handled once, every
+    record CONSUMED once the deferred marks are sent (close)."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table)
+    assert store.coalescer is not None
+    batches: List[int] = []
+    execute = store.coalescer._execute
+
+    def counting(batch: List[Any]) -> None:
+        batches.append(len(batch))
+        execute(batch)
+
+    store.coalescer._execute = counting
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    batches.clear()  # the start-up check's probe claim, mark and release
+    answers = consume_in_threads(listener, 8, 100)
+    assert answers == [ConsumeStatus.CONSUME_SUCCESS] * 800
+    store.close()  # sends the CONSUMED marks still deferred
+    assert sorted(listener.handled) == sorted(f"{t}-{i}" for t in range(8) for i in range(100))
+    assert sum(batches) == 8 * 100 * 2  # one claim and one mark per message
+    assert len(batches) < 8 * 100 * 2 * 0.6  # round trips were shared
+    statuses = query(
+        f"SELECT status, COUNT(*) FROM {mysql_table} WHERE application_name = %s GROUP BY 1",
+        app_name,
+    )
+    assert [tuple(row) for row in statuses] == [("CONSUMED", 800)]
+
+
+def test_a_copy_claimed_with_its_twins_deferred_mark_is_a_duplicate(
+    mysql_table: str, app_name: str
+) -> None:
+    """A handled message's CONSUMED mark waits for the next round trip, and goes first in it:
+    the row reads CONSUMING after the listener returned, and a copy claimed next is a
+    duplicate of a CONSUMED record (acked, its handler not run)."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table, defer_marks_ms=500)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    status = f"SELECT status FROM {mysql_table} WHERE dedup_key = %s"
+    digest = DedupElement(app_name, "TEST-TOPIC", "TagA", "m1").digest()
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert query(status, digest) == (("CONSUMING",),)
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert query(status, digest) == (("CONSUMED",),)
+    assert listener.handled == ["m1"]
+    store.close()
+
+
+def test_a_copy_elsewhere_is_consumed_later_until_the_deferred_mark_lands(
+    mysql_table: str, app_name: str
+) -> None:
+    """Until a deferred mark lands, another consumer's copy finds the live CONSUMING claim and
+    is answered RECONSUME_LATER; once it lands (here: close), the copy is acked."""
+    first = Ok(
+        DedupConfig.enable_dedup_consume_config(
+            app_name, MySQLDedupStore(mysql_connect(), mysql_table, defer_marks_ms=500)
+        )
+    )
+    other_store = MySQLDedupStore(mysql_connect(), mysql_table)
+    other = Ok(DedupConfig.enable_dedup_consume_config(app_name, other_store))
+    assert first(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert other(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+    first.close()
+    assert other(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert first.handled == ["m1"] and other.handled == []
+    other_store.close()
+
+
+def test_a_failed_record_after_a_deferred_mark_never_overwrites_the_success(
+    mysql_table: str, app_name: str
+) -> None:
+    """mark_failed after a deferred CONSUMED mark of the same element sends the mark first: the
+    row reads CONSUMED by its owner right after, never FAILED (a reader elsewhere would have
+    answered a copy as failed)."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table, defer_marks_ms=500)
+    element = DedupElement(app_name, "TEST-TOPIC", "TagA", "m1")
+    store.claim(Claim(element, "o1"), 60_000)
+    store.mark_consumed(Claim(element, "o1"), 60_000)
+    row = f"SELECT status, owner_token FROM {mysql_table} WHERE dedup_key = %s"
+    assert query(row, element.digest()) == (("CONSUMING", "o1"),)  # the mark waits
+    store.mark_failed(Claim(element, "o2"), 60_000, "late")
+    assert query(row, element.digest()) == (("CONSUMED", "o1"),)
+    store.close()
+
+
+def test_binary_keys_and_text_go_to_the_server_as_the_same_values(mysql_table: str) -> None:
+    """mysqlclient runners send binary keys as hex literals and quote text once per value:
+    the server reads back exactly the bytes and the text that were sent, quotes, backslashes,
+    NUL bytes, percent signs and CJK included."""
+    store = MySQLDedupStore(mysql_connect(), mysql_table)
+    runner = store.pool.take()
+    try:
+        key = bytes(range(256))[:32] + b"'\\\"\x00%_"
+        text = "k'\\%s\"\u8a02\u55ae"
+        for _ in range(2):  # the second time from the runner's quoted-text cache
+            rows = runner.run("SELECT %s, %s, HEX(%s)", (key, text, key), True)
+            value, echoed, hexed = rows[0]
+            assert bytes(value) == key
+            assert (echoed.decode() if isinstance(echoed, bytes) else echoed) == text
+            assert (hexed.decode() if isinstance(hexed, bytes) else hexed) == key.hex().upper()
+    finally:
+        store.pool.give(runner)
+        store.close()
 
 
 def test_reconnects_after_server_restart(mysql_table: str, app_name: str) -> None:

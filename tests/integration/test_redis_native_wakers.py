@@ -15,8 +15,9 @@ import pytest
 import redis
 
 from rocketmq_dedup import DedupElement
+from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.base import Claim
-from rocketmq_dedup.stores.redis import RedisDedupStore, coalesce
+from rocketmq_dedup.stores.redis import RedisDedupStore
 from tests.native import run_callbacks
 
 THREADS, CALLS = 4, 100

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import logging
 import threading
+import time
 import uuid
 import weakref
 from typing import Any, Iterator, List
@@ -17,16 +19,17 @@ from rocketmq_dedup import (
     ConsumeStatus,
     DedupConcurrentListener,
     DedupConfig,
+    DedupConfigError,
     DedupElement,
     DedupStatus,
 )
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.message import to_text
 from rocketmq_dedup.stores.base import Claim
+from rocketmq_dedup.stores.coalesce import Request
 from rocketmq_dedup.stores.redis import RedisDedupStore, transport
-from rocketmq_dedup.stores.redis.coalesce import Request
 from rocketmq_dedup.testing import ClassicMessage
-from tests.support import REDIS_URL, claims, outcome
+from tests.support import REDIS_URL, claims, mysql_connect, outcome, wait_for
 
 
 class CountingConnection(redis.Connection):
@@ -53,6 +56,18 @@ class Ok(DedupConcurrentListener):
         return True
 
 
+class Recording(DedupConcurrentListener):
+    """Succeeds, remembering the id of every message it handled."""
+
+    def __init__(self, config: DedupConfig) -> None:
+        super().__init__(config)
+        self.handled: List[str] = []
+
+    def do_handle_msg(self, msg: Any) -> bool:
+        self.handled.append(msg.id)
+        return True
+
+
 def round_trips(client: redis.Redis, fn: Any) -> int:
     before = CountingConnection.sent
     fn()
@@ -60,8 +75,10 @@ def round_trips(client: redis.Redis, fn: Any) -> int:
 
 
 def test_round_trips_per_message(counting_client: redis.Redis, app_name: str) -> None:
-    """Case 6: a fresh message costs 2 round trips, a duplicate 1, a failure 2."""
-    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, counting_client))
+    """Case 6, marks written at once (defer_marks_ms=0): a fresh message costs 2 round trips,
+    a duplicate 1, a failure 2."""
+    store = RedisDedupStore(counting_client, defer_marks_ms=0)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
     listener(ClassicMessage("warm-up"))  # opens the store's connection, loads the scripts
     assert round_trips(counting_client, lambda: listener(ClassicMessage("m1"))) == 2
     assert round_trips(counting_client, lambda: listener(ClassicMessage("m1"))) == 1
@@ -70,18 +87,125 @@ def test_round_trips_per_message(counting_client: redis.Redis, app_name: str) ->
         def do_handle_msg(self, msg: Any) -> bool:
             return False
 
-    failing = Failing(DedupConfig.enable_dedup_consume_config(app_name, counting_client))
+    store = RedisDedupStore(counting_client, defer_marks_ms=0)
+    failing = Failing(DedupConfig.enable_dedup_consume_config(app_name, store))
     failing(ClassicMessage("warm-up-2"))  # opens the store's own connection
     assert round_trips(counting_client, lambda: failing(ClassicMessage("m2"))) == 2
 
 
+def test_deferred_mark_rides_the_next_round_trip(
+    counting_client: redis.Redis, app_name: str
+) -> None:
+    """With deferred marks (the default) a fresh message costs one round trip of its own: its
+    CONSUMED mark goes with the next message's claim, ahead of it (so a copy claimed in that
+    round trip is a duplicate of a CONSUMED record), or with close()."""
+    store = RedisDedupStore(counting_client, defer_marks_ms=500)
+    listener = Recording(DedupConfig.enable_dedup_consume_config(app_name, store))
+    listener(ClassicMessage("warm-up"))  # opens the store's connection
+    assert store.coalescer is not None
+    store.coalescer.flush()
+    assert round_trips(counting_client, lambda: listener(ClassicMessage("m1"))) == 1
+    assert store.coalescer.deferred == 1
+    copy = ClassicMessage("m1")
+    assert round_trips(counting_client, lambda: listener(copy)) == 1
+    assert listener.handled == ["warm-up", "m1"]  # the copy was a duplicate, acked
+    assert store.coalescer.deferred == 0
+    assert round_trips(counting_client, lambda: listener(ClassicMessage("m2"))) == 1
+    assert round_trips(counting_client, store.close) == 1
+    assert store.coalescer.deferred == 0
+
+
+def test_deferred_mark_is_sent_within_its_bound(
+    counting_client: redis.Redis, app_name: str
+) -> None:
+    """A deferred mark that no round trip carries is sent by the flusher within
+    defer_marks_ms (here 50 ms), not later: the record reads CONSUMED straight from Redis."""
+    store = RedisDedupStore(counting_client, defer_marks_ms=50)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    key = store.record_key(DedupElement(app_name, "TEST-TOPIC", "TagA", "m1"))
+    began = time.monotonic()
+    listener(ClassicMessage("m1"))
+    wait_for(lambda: (counting_client.get(key) or b"").startswith(b"CONSUMED:"), timeout=2)
+    assert time.monotonic() - began < 0.05 + 0.5  # the bound, and the scheduler's slack
+
+
+def test_a_copy_elsewhere_is_consumed_later_until_the_deferred_mark_lands(
+    redis_client: redis.Redis, app_name: str
+) -> None:
+    """The safety of a deferred mark: until it lands, the record is still the handled copy's
+    live CONSUMING claim, so a copy delivered to another consumer is answered RECONSUME_LATER
+    (its handler not run, nothing acked for it); once the mark lands, a copy is a duplicate of
+    a CONSUMED record and is acked without its handler."""
+    first = Recording(
+        DedupConfig.enable_dedup_consume_config(
+            app_name, RedisDedupStore(redis_client, defer_marks_ms=500)
+        )
+    )
+    other = Recording(DedupConfig.enable_dedup_consume_config(app_name, redis_client))
+    assert first(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert other(ClassicMessage("m1")) is ConsumeStatus.RECONSUME_LATER
+    first.close()  # sends the deferred mark
+    assert other(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+    assert first.handled == ["m1"] and other.handled == []
+
+
+def test_marks_are_written_at_once_while_a_lease_is_under_100_times_the_deferral(
+    redis_client: redis.Redis, app_name: str
+) -> None:
+    """A mark is deferred only while every lease the store claimed with is at least 100 times
+    defer_marks_ms: with a 1 s lease and 50 ms, each mark is written before the listener
+    returns."""
+    store = RedisDedupStore(redis_client, defer_marks_ms=50)
+    listener = Ok(
+        DedupConfig.enable_dedup_consume_config(
+            app_name, store, dedup_processing_expire_milli_seconds=1000
+        )
+    )
+    listener(ClassicMessage("m1"))
+    key = store.record_key(DedupElement(app_name, "TEST-TOPIC", "TagA", "m1"))
+    assert (redis_client.get(key) or b"").startswith(b"CONSUMED:")
+    assert store.coalescer is not None and store.coalescer.deferred == 0
+
+
+def test_a_deferred_mark_that_cannot_be_written_is_logged(
+    redis_client: redis.Redis, app_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deferred mark whose round trips keep failing (Redis gone) is given up after
+    DEFERRED_ATTEMPTS and logged as an ERROR naming the store; the message was acked."""
+    store = RedisDedupStore(redis_client, defer_marks_ms=500)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
+
+    def gone(commands: Any) -> Any:
+        raise redis.ConnectionError("Redis gone")
+
+    store._send = gone  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="rocketmq_dedup"):
+        for _ in range(3):
+            store.close()
+    assert store.coalescer is not None and store.coalescer.deferred == 0
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(messages) == 1
+    assert "could not mark 1 handled message(s) CONSUMED" in messages[0]
+    assert store.describe() in messages[0]
+
+
 def test_batch_round_trips(counting_client: redis.Redis, app_name: str) -> None:
-    """A batch of 32 fresh messages costs 2 round trips; 32 duplicates cost 1."""
-    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, counting_client))
+    """Marks written at once: a batch of 32 fresh messages costs 2 round trips; 32 duplicates
+    cost 1. Deferred (the default): the fresh batch costs 1, its marks ride the next one."""
+    store = RedisDedupStore(counting_client, defer_marks_ms=0)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
     listener(ClassicMessage("warm-up"))
     batch = [ClassicMessage(f"b{i}") for i in range(32)]
     assert round_trips(counting_client, lambda: listener.consume_message(batch)) == 2
     assert round_trips(counting_client, lambda: listener.consume_message(batch)) == 1
+    store = RedisDedupStore(counting_client, defer_marks_ms=500)
+    listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
+    listener(ClassicMessage("warm-up"))
+    batch = [ClassicMessage(f"c{i}") for i in range(32)]
+    assert round_trips(counting_client, lambda: listener.consume_message(batch)) == 1
+    assert round_trips(counting_client, lambda: listener.consume_message(batch)) == 1
+    assert listener.consume_message(batch).consumed == 32  # every copy a CONSUMED duplicate
 
 
 def test_record_keys_are_readable_and_escaped(redis_client: redis.Redis) -> None:
@@ -110,6 +234,7 @@ def test_records_carry_ttls(redis_client: redis.Redis, app_name: str) -> None:
     store.claim(Claim(e, "o"), 5000)
     assert 0 < redis_client.pttl(store.record_key(e)) <= 5000
     store.mark_consumed(Claim(e, "o"), 600_000)
+    store.close()  # sends the deferred mark
     assert 5000 < redis_client.pttl(store.record_key(e)) <= 600_000
     assert redis_client.get(store.record_key(e)) == b"CONSUMED:o"
 
@@ -373,3 +498,17 @@ def test_inspect_delete_and_stats(any_store: RedisDedupStore, app_name: str) -> 
     assert any_store.delete(done, force=True) is DedupStatus.CONSUMED
     assert any_store.read(stuck) is None and any_store.read(done) is None
     assert any_store.stats(app).counts == {}
+
+
+@pytest.mark.parametrize("bad", [-1, 1001, 2.5, True, "10"])
+def test_defer_marks_ms_is_a_store_option_checked_at_construction(
+    redis_client: redis.Redis, app_name: str, bad: Any
+) -> None:
+    """defer_marks_ms goes from DedupConfig to either store (0 turns deferral off); anything
+    but an int from 0 to 1000 is a DedupConfigError."""
+    config = DedupConfig.enable_dedup_consume_config(app_name, redis_client, defer_marks_ms=0)
+    assert isinstance(config.persist, RedisDedupStore) and config.persist.defer_marks_ms == 0
+    with pytest.raises(DedupConfigError, match="defer_marks_ms"):
+        DedupConfig.enable_dedup_consume_config(app_name, redis_client, defer_marks_ms=bad)
+    with pytest.raises(DedupConfigError, match="defer_marks_ms"):
+        DedupConfig.enable_dedup_consume_config(app_name, mysql_connect(), defer_marks_ms=bad)

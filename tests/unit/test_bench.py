@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from bench.baseline import baseline_cases
 from bench.cases import Context
-from bench.report import Target, TargetResult, evaluate, verdict
+from bench.drain import CONSUMER_CASES
+from bench.drain_worker import Tally
+from bench.report import (
+    TARGETS,
+    Target,
+    TargetResult,
+    added_cpu,
+    evaluate,
+    format_added_cpu,
+    verdict,
+)
 from bench.runner import CaseResult, run_cases
 from bench.settings import Servers
 
@@ -41,3 +52,45 @@ def test_baseline_runs_another_checkouts_listener() -> None:
     for result in results:
         assert len(result.reps) == 2 and all(rate > 0 for rate in result.reps)
         assert all(0 < us < 10_000 for us in result.cpu_us)
+
+
+def test_added_cpu_is_the_per_rep_difference_to_the_clients_own() -> None:
+    """The report's added CPU: per client, each store's CPU per message minus the client's own
+    (nodedup), rep by rep, their median, and that as a ratio to the client's own."""
+    own, redis = CaseResult("e2e_nodedup_drain", 10), CaseResult("e2e_redis_drain", 10)
+    own.cpu_us, redis.cpu_us = [20.0, 30.0, 25.0], [40.0, 42.0, 55.0]
+    table = added_cpu([own, redis])
+    row = table["drain"]["e2e"]
+    assert row["nodedup"] == 25.0
+    assert row["redis"] == 20.0  # median of 20, 12, 30
+    assert row["redis_ratio"] == 0.8
+    assert "mysql" not in row and "paced" not in table
+    line = "classic push  own    25.0 us  redis +  20.0 us (x0.80)"
+    assert line in format_added_cpu([own, redis])
+
+
+def test_every_client_drains_and_keeps_pace_with_each_store() -> None:
+    """Drain and paced cases exist for the classic push, 5.x push and 5.x simple consumers,
+    without dedup and on Redis and MySQL; each dedup case has its target against nodedup."""
+    names = {case.name for case in CONSUMER_CASES}
+    targets = {t.name for t in TARGETS}
+    for client in ("e2e", "e2e_grpc", "e2e_simple"):
+        for regime in ("drain", "paced"):
+            assert f"{client}_nodedup_{regime}" in names
+            for store in ("redis", "mysql"):
+                assert f"{client}_{store}_{regime}" in names
+                assert f"{client}_{store}_{regime}/{client}_nodedup_{regime}" in targets
+
+
+def test_tally_counts_each_key_of_its_run_once() -> None:
+    """The drain consumer's tally: only bodies of its run count, each key once, failures
+    apart; it is done at the N-th key, with the lag from the send time in the body."""
+    tally = Tally(2, b"run1")
+    sent = b"run1 %d" % (time.time_ns() - 5_000_000)
+    tally.completed("run1-0", sent, True)
+    tally.completed("run1-0", sent, True)  # a redelivered copy
+    tally.completed("run1-1", sent, False)
+    assert not tally.done.is_set() and tally.failures == 1
+    tally.completed("run1-1", sent, True)
+    assert tally.done.is_set() and tally.deliveries == 4
+    assert all(4.0 < lag < 5_000 for lag in tally.lags_ms)

@@ -300,6 +300,7 @@ STORE_OPTION_VALUES = {
     "pool_size": ("mysql", 3),
     "pool_timeout": ("mysql", 1.5),
     "key_prefix": ("redis", "ORDERS"),
+    "defer_marks_ms": ("mysql", 0),
 }
 
 

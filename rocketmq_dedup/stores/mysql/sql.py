@@ -108,6 +108,13 @@ MARK_SQL = (
     f"UPDATE {{table}} SET status = 'CONSUMED', owner_token = %s, "
     f"expire_time = {NOW_MS} + %s WHERE dedup_key = %s"
 )
+# Several claims' rows at once, each with its owner (``{cases}``: one ``WHEN %s THEN %s`` per
+# claim: key, owner); the rows matched are counted, and a row that vanished is written by
+# MARK_CONSUMED_SQL after (an UPDATE of existing rows costs the server about 60 % of the upsert).
+MARK_MANY_SQL = (
+    "UPDATE {table} SET status = 'CONSUMED', owner_token = CASE dedup_key {cases} END, "
+    f"expire_time = {NOW_MS} + %s WHERE dedup_key IN ({{marks}})"
+)
 # The lease runs ``%s`` ms from now, and at least 1 ms past where it ran: a renewal in the same
 # server millisecond as the claim (or the last renewal) would otherwise set the same value, and
 # an UPDATE that changes nothing reports 0 rows (no CLIENT_FOUND_ROWS): read as "taken over".

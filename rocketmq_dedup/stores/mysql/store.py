@@ -20,6 +20,16 @@ from rocketmq_dedup.stores.base import (
     claimed_after,
     parse_status,
 )
+from rocketmq_dedup.stores.coalesce import (
+    DEFAULT_DEFER_MS,
+    Coalescer,
+    Request,
+    by_kind,
+    check_defer_ms,
+    deliver,
+    marks_failed_reporter,
+    may_defer,
+)
 from rocketmq_dedup.stores.mysql.connection import (
     MySQLdbRunner,
     Runner,
@@ -56,6 +66,7 @@ from rocketmq_dedup.stores.mysql.sql import (
     MARK_CONSUMED_SQL,
     MARK_FAILED_SQL,
     MARK_FAILED_SQL_NO_REASON,
+    MARK_MANY_SQL,
     MARK_SQL,
     MISSING_COLUMN,
     OLDEST_CONSUMED_SQL,
@@ -100,6 +111,8 @@ MAX_POOL_SIZE = 1024
 #: operation fails as an outage.
 DEFAULT_POOL_TIMEOUT = 5.0
 _CLAIM_ATTEMPTS = 3
+#: The kinds of the coalesced requests (:mod:`rocketmq_dedup.stores.coalesce`).
+_CLAIM, _MARK, _RELEASE = "claim", "mark", "release"
 
 
 def describe_factory(connect: Callable[[], Any]) -> str:
@@ -136,6 +149,13 @@ class MySQLDedupStore(SqlTables, DedupStore):
         with :class:`StorePoolExhaustedError` (default 5 s: far beyond any healthy statement,
         short enough to answer RECONSUME_LATER before RocketMQ's consume timeout); not an
         outage, so never a run without dedup.
+    :param coalesce: combine the claims, CONSUMED marks and releases of concurrent threads
+        into shared round trips (one statement per kind, sent together on one pooled
+        connection; a request that arrives alone is sent at once). ``False``: each call takes
+        a connection of the pool for its own statements.
+    :param defer_marks_ms: with coalescing, how long a CONSUMED mark may wait for a later round
+        trip to carry it (the listener returns without waiting for it; see the package docs);
+        ``0``: every mark is written before the listener returns.
     """
 
     #: The start-up check claims and releases probe records (INSERT, UPDATE, SELECT, DELETE).
@@ -148,6 +168,8 @@ class MySQLDedupStore(SqlTables, DedupStore):
         table_name: str = DEFAULT_TABLE_NAME,
         pool_size: int = DEFAULT_POOL_SIZE,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        coalesce: bool = True,
+        defer_marks_ms: int = DEFAULT_DEFER_MS,
     ) -> None:
         if not callable(connect) or (isinstance(connect, type) and not hasattr(connect, "cursor")):
             # a class such as redis.Redis is callable, but makes no DB-API connection
@@ -175,6 +197,17 @@ class MySQLDedupStore(SqlTables, DedupStore):
         self._database: Optional[str] = keywords.get("database", keywords.get("db"))
         self._pool = ConnectionPool(self._open_runner, pool_size, pool_timeout, self.describe)
         self._op = self._pool.run
+        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
+        self._coalescer = (
+            Coalescer(
+                self._execute,
+                defer_ms=defer_marks_ms,
+                on_deferred_error=marks_failed_reporter(self.describe),
+            )
+            if coalesce
+            else None
+        )
+        self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
         #: be too long (a table name of 61-64 characters): the mode then runs without one.
         self.sequence_table_name: Optional[str] = sequence_table_name(table_name)
@@ -229,6 +262,12 @@ class MySQLDedupStore(SqlTables, DedupStore):
                 self._open_runner, self.table_name, self._pool.timeout, self.describe
             )
         return self._outbox
+
+    @property
+    def coalescer(self) -> Optional[Coalescer]:
+        """What combines concurrent threads' requests into shared round trips (None with
+        ``coalesce=False``)."""
+        return self._coalescer
 
     @property
     def pool(self) -> ConnectionPool:
@@ -295,8 +334,10 @@ class MySQLDedupStore(SqlTables, DedupStore):
         return runner.run(sql, params, fetch)
 
     def close(self) -> None:
-        """Close every connection of the pool (busy ones when their operation ends). The store
-        stays usable: it reconnects on its next operation."""
+        """Send the deferred CONSUMED marks; close every connection of the pool (busy ones
+        when their operation ends). The store stays usable: it reconnects on its next
+        operation."""
+        self._flush_marks()
         self._pool.close()
         self.transactions.close()
         if self._outbox is not None:
@@ -400,8 +441,114 @@ class MySQLDedupStore(SqlTables, DedupStore):
             for row in runner.run(sql, digests, True)
         }
 
+    # Claims, marks and releases: coalesced (the default), or each on a pooled connection.
+
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
+        if self._coalescer is not None:
+            return self._request(_CLAIM, lease_ms, [claim])[0]  # type: ignore[no-any-return]
         return self._op(self._claim, claim, lease_ms)
+
+    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
+        if self._coalescer is not None:
+            return list(self._request(_CLAIM, lease_ms, claims))
+        return self._op(self._claim_many, claims, lease_ms)
+
+    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        coalescer = self._coalescer
+        if coalescer is None:
+            self._op(self._mark_consumed, claim, retention_ms)
+        else:
+            self._mark(coalescer, retention_ms, [claim])
+
+    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        coalescer = self._coalescer
+        if coalescer is None:
+            self._op(self._mark_consumed_many, claims, retention_ms)
+        else:
+            self._mark(coalescer, retention_ms, claims)
+
+    def _mark(self, coalescer: Coalescer, retention_ms: int, claims: Sequence[Claim]) -> None:
+        """Mark CONSUMED: deferred to a later round trip when allowed, else now."""
+        if may_defer(self.defer_marks_ms, self._shortest_lease_ms):
+            coalescer.defer(Request(_MARK, retention_ms, claims, ()))
+        else:
+            self._request(_MARK, retention_ms, claims)
+
+    def do_release(self, claim: Claim) -> bool:
+        return self.do_release_many([claim]) == 1
+
+    def do_release_many(self, claims: Sequence[Claim]) -> int:
+        if self._coalescer is not None:
+            return sum(self._request(_RELEASE, 0, claims))
+        return self._op(self._delete_claims, claims)
+
+    def _request(self, kind: str, millis: int, claims: Sequence[Claim]) -> Any:
+        """Run one request through the coalescer; its per-claim results."""
+        request = Request(kind, millis, claims, ())
+        self._coalescer.run(request)  # type: ignore[union-attr]
+        if request.error is not None:
+            raise request.error  # the original: DedupStore._call wraps it, once
+        return request.result
+
+    def _flush_marks(self) -> None:
+        """Send the deferred CONSUMED marks (a read of the store sees every mark made)."""
+        if self._coalescer is not None:
+            self._coalescer.flush()
+
+    def _execute(self, batch: List[Request]) -> None:
+        """The coalescer's round trip: the batch on one pooled connection. Never raises
+        (short of a BaseException): an error goes to every request of the batch."""
+        try:
+            self._op(self._run_batch, batch)
+        except Exception as exc:
+            for request in batch:
+                request.error = exc
+
+    def _run_batch(self, runner: Runner, batch: List[Request]) -> None:
+        """One statement per (kind, millis) of the batch (a release: one per claim), sent in
+        one round trip, in the batch's order: deferred marks, then the rest (a copy claimed
+        in the same round trip as its twin's mark is refused by the CONSUMED record). Claims
+        the plain insert did not all win are resolved as :meth:`_claim_many` does. The whole
+        batch is safe to run again on a new connection (``_op`` does after a lost one)."""
+        statements: List[Tuple[str, Sequence[Any]]] = []
+        groups = []
+        for (kind, millis), members in by_kind(batch).items():
+            claims = [claim for request in members for claim in request.keys]
+            digests = [element_digest(claim.element) for claim in claims]
+            indexes = list(range(len(claims)))
+            if kind == _RELEASE:
+                release = self._sql["release"]
+                statements += [
+                    (release, (d, c.owner)) for c, d in zip(claims, digests, strict=True)
+                ]
+            elif kind == _MARK:
+                statements.append(self._mark_statement(claims, digests, millis))
+            else:
+                statements.append(
+                    self._claim_statement(INSERT_CLAIM_SQL, claims, digests, indexes, millis)
+                )
+            groups.append((kind, millis, members, claims, digests))
+        results = runner.run_all(statements)
+        at = 0
+        for kind, millis, members, claims, digests in groups:
+            if kind == _RELEASE:
+                deliver(members, [int(n) == 1 for n in results[at : at + len(claims)]])
+                at += len(claims)
+                continue
+            written = int(results[at])
+            at += 1
+            if kind == _MARK:
+                if written < len(claims):  # a row vanished (or was marked already)
+                    runner.run(*self._upsert_marks(claims, digests, millis), False)
+                deliver(members, [None] * len(claims))
+            elif written == len(claims):
+                deliver(members, [CLAIMED] * len(claims))
+            else:
+                deliver(members, self._resolve_refused(runner, claims, digests, millis))
 
     def _claim(self, runner: Runner, claim: Claim, lease_ms: int) -> ClaimResult:
         digest = element_digest(claim.element)
@@ -409,37 +556,33 @@ class MySQLDedupStore(SqlTables, DedupStore):
             return CLAIMED  # inserted: the fresh message
         return self._resolve_refused(runner, [claim], [digest], lease_ms)[0]
 
-    def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
-        return self._op(self._claim_many, claims, lease_ms)
-
     def _claim_many(
         self, runner: Runner, claims: Sequence[Claim], lease_ms: int
     ) -> List[ClaimResult]:
         digests = [element_digest(c.element) for c in claims]
         everything = list(range(len(claims)))
         # First a plain insert: the cheapest statement, and a live record is left alone.
-        written = self._write(runner, INSERT_CLAIM_SQL, claims, digests, everything, lease_ms)
-        if written == len(claims):
+        sql, params = self._claim_statement(INSERT_CLAIM_SQL, claims, digests, everything, lease_ms)
+        if int(runner.run(sql, params, False)) == len(claims):
             return [CLAIMED] * len(claims)
         return self._resolve_refused(runner, claims, digests, lease_ms)
 
-    def _write(
+    def _claim_statement(
         self,
-        runner: Runner,
         template: str,
         claims: Sequence[Claim],
         digests: Sequence[bytes],
         indexes: List[int],
         lease_ms: int,
-    ) -> int:
-        """One multi-row claim statement for ``indexes``; returns its rowcount."""
+    ) -> Tuple[str, List[Any]]:
+        """One multi-row claim statement for ``indexes`` (sorted by key in place)."""
         # A stable key order keeps concurrent multi-row writes from deadlocking.
         indexes.sort(key=lambda i: digests[i])
         params: List[Any] = []
         for i in indexes:
             params += self._row(claims[i], digests[i], lease_ms)
         sql = template.format(table=self._table, rows=", ".join([CLAIM_ROW] * len(indexes)))
-        return int(runner.run(sql, params, False))
+        return sql, params
 
     def _resolve_refused(
         self,
@@ -470,36 +613,63 @@ class MySQLDedupStore(SqlTables, DedupStore):
                 break
             # The upsert's row count cannot say which rows it took (a live one is left
             # unchanged: 0): the next pass reads them.
-            self._write(runner, CLAIM_SQL, claims, digests, pending, lease_ms)
+            runner.run(*self._claim_statement(CLAIM_SQL, claims, digests, pending, lease_ms), False)
         for i in pending:  # kept vanishing: leave it to a later retry
             results[i] = HELD_BY_OTHER
         return [results[i] for i in range(len(claims))]
-
-    def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
-        self._op(self._mark_consumed, claim, retention_ms)
 
     def _mark_consumed(self, runner: Runner, claim: Claim, retention_ms: int) -> None:
         digest = element_digest(claim.element)
         # The row is normally still ours: one UPDATE. If it vanished, the upsert recreates it.
         if not runner.run(self._sql["mark"], (claim.owner, retention_ms, digest), False):
-            self._mark_consumed_many(runner, [claim], retention_ms)
-
-    def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
-        self._op(self._mark_consumed_many, claims, retention_ms)
+            runner.run(*self._upsert_marks([claim], [digest], retention_ms), False)
 
     def _mark_consumed_many(
         self, runner: Runner, claims: Sequence[Claim], retention_ms: int
     ) -> None:
-        params: List[Any] = []
         digests = [element_digest(c.element) for c in claims]
+        sql, params = self._mark_statement(claims, digests, retention_ms)
+        if int(runner.run(sql, params, False)) < len(claims):  # a row vanished
+            runner.run(*self._upsert_marks(claims, digests, retention_ms), False)
+
+    def _mark_statement(
+        self, claims: Sequence[Claim], digests: Sequence[bytes], retention_ms: int
+    ) -> Tuple[str, List[Any]]:
+        """One UPDATE that marks every claim's row CONSUMED (whoever holds it now); it counts
+        the rows it matched, fewer than the claims when one vanished (then
+        :meth:`_upsert_marks`)."""
+        params: List[Any] = []
+        for claim, digest in zip(claims, digests, strict=True):
+            params += (digest, claim.owner)
+        params.append(retention_ms)
+        params += digests
+        sql = MARK_MANY_SQL.format(
+            table=self._table,
+            cases=" ".join(["WHEN %s THEN %s"] * len(claims)),
+            marks=", ".join(["%s"] * len(claims)),
+        )
+        return sql, params
+
+    def _upsert_marks(
+        self, claims: Sequence[Claim], digests: Sequence[bytes], retention_ms: int
+    ) -> Tuple[str, List[Any]]:
+        """One multi-row upsert that leaves every claim's record CONSUMED, written again if it
+        vanished (a success is always recorded)."""
+        params: List[Any] = []
         for i in sorted(range(len(claims)), key=lambda i: digests[i]):
             params += self._row(claims[i], digests[i], retention_ms)
         sql = MARK_CONSUMED_SQL.format(
             table=self._table, rows=", ".join([MARK_CONSUMED_ROW] * len(claims))
         )
-        runner.run(sql, params, False)
+        return sql, params
 
     def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        """Never deferred, and not coalesced: a FAILED record is rare, and its statement may
+        fail on a table made before FAILED records (then it is written again without the
+        reason), which would fail every request sharing its round trip. It runs on a pooled
+        connection of its own, after the deferred CONSUMED marks were sent (a success marked
+        before is never downgraded by it)."""
+        self._flush_marks()
         self._op(self._mark_failed, claim, retention_ms, reason)
 
     def _mark_failed(self, runner: Runner, claim: Claim, retention_ms: int, reason: str) -> None:
@@ -514,12 +684,6 @@ class MySQLDedupStore(SqlTables, DedupStore):
 
     def _no_reason_column(self, exc: BaseException) -> None:
         no_reason_column(self._description, self._table, exc)
-
-    def do_release(self, claim: Claim) -> bool:
-        return self._op(self._delete_claims, [claim]) == 1
-
-    def do_release_many(self, claims: Sequence[Claim]) -> int:
-        return self._op(self._delete_claims, claims)
 
     def _delete_claims(self, runner: Runner, claims: Sequence[Claim]) -> int:
         sql = self._sql["release"]
@@ -538,6 +702,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
         return self.do_read_many([element])[0]
 
     def do_read_many(self, elements: Sequence[DedupElement]) -> List[Optional[Record]]:
+        self._flush_marks()
         digests = [element_digest(e) for e in elements]
         return records_of(elements, digests, self._op(self._select_with_reasons, digests))
 
@@ -572,6 +737,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
         return status if deleted else None
 
     def do_stats(self, application: str, limit: int) -> StoreStats:
+        self._flush_marks()
         app = readable(application)
         counts = {str(column_text(s)): int(n) for s, n in self._query(STATS_SQL, (app,))}
         claims = [_listed(row) for row in self._query(CLAIMS_SQL, (app,))]

@@ -1,6 +1,7 @@
 """The Redis record store, by concern: :mod:`.records` (keys, values, Lua scripts, replies),
-:mod:`.transport` (RESP packing, the store's connection, cluster fan-out), :mod:`.coalesce`
-(shared round trips of concurrent threads) and :mod:`.store` (:class:`RedisDedupStore`)."""
+:mod:`.transport` (RESP packing, the store's connection, cluster fan-out) and :mod:`.store`
+(:class:`RedisDedupStore`); the shared round trips of concurrent threads are
+:mod:`rocketmq_dedup.stores.coalesce`'s."""
 
 from rocketmq_dedup.stores.redis.records import (
     CLAIM_SCRIPT,

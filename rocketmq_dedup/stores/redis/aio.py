@@ -35,9 +35,9 @@ from rocketmq_dedup.errors import (
 from rocketmq_dedup.message import DedupElement, to_text
 from rocketmq_dedup.stores.aio import AsyncDedupStore, is_async_redis_client
 from rocketmq_dedup.stores.base import Claim, ClaimResult, Record
+from rocketmq_dedup.stores.coalesce import Request
 from rocketmq_dedup.stores.coalesce_aio import AsyncCoalescer
 from rocketmq_dedup.stores.redis import acl, transport
-from rocketmq_dedup.stores.redis.coalesce import Request
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
     CLAIM_COUNTED,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from rocketmq_dedup.message import DedupElement, encode_text, escape_segment, to_text
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import CLAIMED, ClaimResult, Record, parse_status
-from rocketmq_dedup.stores.redis.coalesce import Request
+from rocketmq_dedup.stores.coalesce import Request, by_kind, deliver
 
 DEFAULT_KEY_PREFIX = "MSGDEDUP"
 
@@ -259,23 +259,15 @@ class Call:
         self.convert = convert
 
     def deliver(self, reply: Any) -> None:
-        replies = self.convert(reply) if self.convert is not None else reply
-        offset = 0
-        for request in self.members:
-            n = len(request.keys)
-            request.result = replies[offset : offset + n]
-            offset += n
+        deliver(self.members, self.convert(reply) if self.convert is not None else reply)
 
 
 def plan_calls(batch: Sequence[Request], shas: Mapping[str, str], set_nx_get: bool) -> List[Call]:
     """One command per (kind, millis) group: a plain SET for a lone single-key mark, ``SET NX
     PX GET`` for a lone single-key claim (Redis >= 7.0, ``set_nx_get``), else one script call
     (``shas[kind]``) over all the group's keys."""
-    groups: Dict[Tuple[str, int], List[Request]] = {}
-    for request in batch:
-        groups.setdefault((request.kind, request.millis), []).append(request)
     calls = []
-    for (kind, millis), members in groups.items():
+    for (kind, millis), members in by_kind(batch).items():
         if len(members) == 1 and len(members[0].keys) == 1:
             key, value = members[0].keys[0], members[0].values[0]
             if kind == MARK:

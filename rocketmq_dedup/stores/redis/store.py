@@ -5,7 +5,8 @@ Round trips: a fresh message costs two (claim, ``SET``), a duplicate one (claim)
 claim is ``SET key value NX PX lease GET`` on Redis >= 7.0 (else the claim script). The batch
 methods cost one round trip per batch on ``redis.Redis``; on a cluster they run one command per
 key, since a script may only touch one slot. On ``redis.Redis`` the requests of concurrent
-threads are coalesced into shared round trips (see :mod:`.coalesce`).
+threads are coalesced into shared round trips, and a CONSUMED mark may ride a later one
+(:mod:`rocketmq_dedup.stores.coalesce`).
 
 Connections of the client's pool (a bounded pool must be at least :data:`MIN_POOL_SIZE`):
 
@@ -54,6 +55,16 @@ from rocketmq_dedup.errors import (
 from rocketmq_dedup.message import DedupElement, to_text
 from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.base import Claim, ClaimResult, Record, parse_status
+from rocketmq_dedup.stores.coalesce import (
+    DEFAULT_DEFER_MS,
+    Coalescer,
+    Request,
+    Waker,
+    check_defer_ms,
+    default_waker,
+    marks_failed_reporter,
+    may_defer,
+)
 from rocketmq_dedup.stores.operations import (
     Diagnosis,
     OperatedStore,
@@ -62,7 +73,6 @@ from rocketmq_dedup.stores.operations import (
     round_trip,
 )
 from rocketmq_dedup.stores.redis import acl, transport
-from rocketmq_dedup.stores.redis.coalesce import Coalescer, Request, Waker, default_waker
 from rocketmq_dedup.stores.redis.records import (
     CLAIM,
     CLAIM_COUNTED,
@@ -123,7 +133,10 @@ class RedisDedupStore(OperatedStore):
         (``redis.Redis`` only; a request that arrives alone is sent at once). ``False`` keeps
         no connection: each call takes one from the pool for one round trip.
     :param waker: how a thread waiting for a coalesced round trip is woken (see
-        :func:`~rocketmq_dedup.stores.redis.coalesce.default_waker`).
+        :func:`~rocketmq_dedup.stores.coalesce.default_waker`).
+    :param defer_marks_ms: with coalescing, how long a CONSUMED mark may wait for a later round
+        trip to carry it (the listener returns without waiting for it; see the module docs);
+        ``0``: every mark is written before the listener returns.
     """
 
     #: The start-up check claims and releases probe records (SET NX PX GET, the scripts).
@@ -135,6 +148,7 @@ class RedisDedupStore(OperatedStore):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         coalesce: bool = True,
         waker: Callable[[], Waker] = default_waker,
+        defer_marks_ms: int = DEFAULT_DEFER_MS,
     ) -> None:
         if redis is None:
             raise MissingExtraError("redis", "redis")
@@ -150,11 +164,20 @@ class RedisDedupStore(OperatedStore):
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {kind: client.register_script(text) for kind, text in SCRIPTS.items()}
         self._delete_script = client.register_script(DELETE_SCRIPT)  # operators only
+        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
         if coalesce and not self._cluster:
             _check_pool_size(client.connection_pool)
         self._coalescer = (
-            Coalescer(self._execute, waker) if coalesce and not self._cluster else None
+            Coalescer(
+                self._execute,
+                waker,
+                defer_ms=defer_marks_ms,
+                on_deferred_error=marks_failed_reporter(self.describe),
+            )
+            if coalesce and not self._cluster
+            else None
         )
+        self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         self._set_nx_get = True  # until the server says it has no SET NX GET
         #: The kinds of claims, marks and releases: counted ones once count_lapses() was called.
         self._claim, self._mark, self._release = CLAIM, MARK, RELEASE
@@ -187,22 +210,36 @@ class RedisDedupStore(OperatedStore):
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
         key = self.record_key(element)
         reply = self._request(self._claim, lease_ms, [key], [CONSUMING + owner])
         return claim_result(reply[0])
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
         reply = self._request(self._claim, lease_ms, *self._keys_and_values(claims, CONSUMING))
         return [claim_result(r) for r in reply]
 
     def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         element, owner = claim
-        self._request(self._mark, retention_ms, [self.record_key(element)], [CONSUMED + owner])
+        self._mark_or_defer(retention_ms, [self.record_key(element)], [CONSUMED + owner])
 
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
-        self._request(self._mark, retention_ms, *self._keys_and_values(claims, CONSUMED))
+        self._mark_or_defer(retention_ms, *self._keys_and_values(claims, CONSUMED))
+
+    def _mark_or_defer(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
+        """Mark CONSUMED: deferred to a later round trip when allowed, else now."""
+        coalescer = self._coalescer
+        if coalescer is not None and may_defer(self.defer_marks_ms, self._shortest_lease_ms):
+            coalescer.defer(Request(self._mark, retention_ms, keys, values))
+        else:
+            self._request(self._mark, retention_ms, keys, values)
 
     def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
+        """Coalesced with the other threads' requests, never deferred: written before the
+        listener answers."""
         element, owner = claim
         value = failed_value(owner, reason)
         self._request(FAIL, retention_ms, [self.record_key(element)], [value])
@@ -228,7 +265,13 @@ class RedisDedupStore(OperatedStore):
         ``CONSUMED:``) before each owner token."""
         return [self.record_key(e) for e, _ in claims], [status + o for _, o in claims]
 
+    def _flush_marks(self) -> None:
+        """Send the deferred CONSUMED marks (a read of the store sees every mark made)."""
+        if self._coalescer is not None:
+            self._coalescer.flush()
+
     def do_read(self, element: DedupElement) -> Optional[Record]:
+        self._flush_marks()
         key = self.record_key(element)
         pipe = self.client.pipeline(transaction=False)
         pipe.get(key)
@@ -282,6 +325,7 @@ class RedisDedupStore(OperatedStore):
     # -- operator hooks (the CLI): through the client, never on the hot path ---------------
 
     def do_delete(self, element: DedupElement, force: bool) -> Optional[DedupStatus]:
+        self._flush_marks()
         key = self.record_key(element)
         deleted = self._delete_script(keys=[key], args=["1" if force else "0"])
         return parse_status(to_text(deleted)) if deleted else None
@@ -289,6 +333,7 @@ class RedisDedupStore(OperatedStore):
     def do_stats(self, application: str, limit: int) -> StoreStats:
         """One SCAN over the application's keys (every primary of a cluster), then their
         values and TTLs, 500 keys a round trip."""
+        self._flush_marks()
         pattern = app_key_pattern(self.key_prefix, application)
         keys = list(self.client.scan_iter(match=pattern, count=1000))
         records: List[Record] = []
@@ -422,8 +467,10 @@ class RedisDedupStore(OperatedStore):
         )
 
     def close(self) -> None:
-        """Give the store's connection back to the client's pool (disconnected); never closes
-        the user's client. The store stays usable: it takes a connection again if needed."""
+        """Send the deferred CONSUMED marks; give the store's connection back to the client's
+        pool (disconnected); never closes the user's client. The store stays usable: it takes
+        a connection again if needed."""
+        self._flush_marks()
         self._pinned.release()
         transport.release_orphans()
 
