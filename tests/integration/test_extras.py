@@ -36,6 +36,7 @@ EXTRA_IMPORTS = {
     "prometheus": "import prometheus_client",
     "otel": "import opentelemetry.metrics",
     "sqlalchemy": "import sqlalchemy",
+    "asyncmysql": "import asyncmy",
 }
 #: The venvs, by the extras installed together.
 VENVS = {

@@ -26,7 +26,6 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tup
 
 from rocketmq_dedup.errors import DedupConfigError, MissingExtraError, StoreError
 from rocketmq_dedup.message import DedupElement, element_digest
-from rocketmq_dedup.status import DedupStatus
 from rocketmq_dedup.stores.aio import AsyncDedupStore, is_async_mysql_factory
 from rocketmq_dedup.stores.base import (
     CLAIMED,
@@ -34,7 +33,6 @@ from rocketmq_dedup.stores.base import (
     Claim,
     ClaimResult,
     Record,
-    claimed_after,
     parse_status,
 )
 from rocketmq_dedup.stores.mysql.connection import column_text
@@ -74,6 +72,7 @@ from rocketmq_dedup.stores.mysql.store import (
     MAX_POOL_SIZE,
     describe_factory,
     no_reason_column,
+    settle_claims,
 )
 from rocketmq_dedup.stores.pool_aio import AsyncBoundedPool
 from rocketmq_dedup.stores.sql_common import (
@@ -260,18 +259,7 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
         pending = everything
         for attempt in range(_CLAIM_ATTEMPTS):
             rows = await self._select_rows(conn, [digests[i] for i in pending])
-            vanished = []
-            for i in pending:
-                record, deliveries = rows.get(digests[i], (None, 0))
-                if record is None:
-                    vanished.append(i)
-                elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
-                    # ours: taken over (or written) by the upsert; the claims before it that
-                    # lapsed since the record was last settled
-                    results[i] = claimed_after(deliveries)
-                else:
-                    results[i] = ClaimResult(False, record)
-            pending = vanished
+            pending = settle_claims(pending, rows, claims, digests, results)
             if not pending or attempt == _CLAIM_ATTEMPTS - 1:
                 break
             # The upsert's row count cannot say which rows it took (a live one is left

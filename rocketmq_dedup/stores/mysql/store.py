@@ -597,18 +597,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
         pending = list(range(len(claims)))
         for attempt in range(_CLAIM_ATTEMPTS):
             rows = self._select_rows(runner, [digests[i] for i in pending])
-            vanished = []
-            for i in pending:
-                record, deliveries = rows.get(digests[i], (None, 0))
-                if record is None:
-                    vanished.append(i)
-                elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
-                    # ours: taken over (or written) by the upsert; the claims before it that
-                    # lapsed since the record was last settled
-                    results[i] = claimed_after(deliveries)
-                else:
-                    results[i] = ClaimResult(False, record)
-            pending = vanished
+            pending = settle_claims(pending, rows, claims, digests, results)
             if not pending or attempt == _CLAIM_ATTEMPTS - 1:
                 break
             # The upsert's row count cannot say which rows it took (a live one is left
@@ -793,6 +782,30 @@ class MySQLDedupStore(SqlTables, DedupStore):
 
 #: The warning that a table has no reason column, at most once a minute per process.
 _old_table_log = RateLimitedLog(logger, interval=60.0)
+
+
+def settle_claims(
+    pending: List[int],
+    rows: Dict[bytes, Tuple[Record, int]],
+    claims: Sequence[Claim],
+    digests: Sequence[bytes],
+    results: Dict[int, ClaimResult],
+) -> List[int]:
+    """One pass of a claim's resolution after its insert or upsert (the sync and asyncio
+    stores): each pending claim's row, read back, says whether the claim holds it (written or
+    taken over by the upsert: claimed, with the claims before it that lapsed since the record
+    was last settled) or another attempt does (refused by that record); the claims whose row
+    vanished meanwhile are returned, to be upserted and read again."""
+    vanished = []
+    for i in pending:
+        record, deliveries = rows.get(digests[i], (None, 0))
+        if record is None:
+            vanished.append(i)
+        elif record.owner == claims[i].owner and record.status is DedupStatus.CONSUMING:
+            results[i] = claimed_after(deliveries)
+        else:
+            results[i] = ClaimResult(False, record)
+    return vanished
 
 
 def no_reason_column(description: str, table: str, exc: BaseException) -> None:
