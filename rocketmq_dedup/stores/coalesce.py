@@ -130,10 +130,22 @@ class Request:
     are the store's (Redis: record keys and values; MySQL: claims); a request without keys is
     a flush (it only carries the deferred requests) and gets an empty result."""
 
-    __slots__ = ("attempts", "error", "keys", "kind", "lead", "millis", "result", "values", "waker")
+    __slots__ = (
+        "attempts",
+        "deferred_at",
+        "error",
+        "keys",
+        "kind",
+        "lead",
+        "millis",
+        "result",
+        "values",
+        "waker",
+    )
 
     def __init__(self, kind: str, millis: int, keys: Sequence[Any], values: Sequence[Any]):
         self.attempts = 0  # round trips that carried it (a deferred one is sent again)
+        self.deferred_at = 0.0  # time.monotonic() when it was deferred
         self.kind = kind
         self.millis = millis
         self.keys = keys
@@ -149,9 +161,15 @@ FLUSH = "flush"
 
 #: How long a deferred request may wait for a round trip to carry it, by default (ms).
 DEFAULT_DEFER_MS = 10
-#: Round trips that may carry a deferred request: one that failed (a lost connection, a lock
-#: wait that timed out) is deferred again, at most this many times in all.
+#: A deferred request whose round trip failed (a lost connection, a server restarting, a lock
+#: wait that timed out) is deferred again: at least this many round trips in all, and for as
+#: long as :data:`DEFERRED_KEEP_S` after it was first deferred (a store restart or a failover
+#: takes seconds: a mark given up within milliseconds would leave its message CONSUMING, and a
+#: copy after its lease would run again), tried again no sooner than a backoff from
+#: ``defer_ms``, doubled per failure up to :data:`DEFERRED_RETRY_MAX_S`. Then it is reported.
 DEFERRED_ATTEMPTS = 3
+DEFERRED_KEEP_S = 30.0
+DEFERRED_RETRY_MAX_S = 1.0
 
 
 class Coalescer:
@@ -191,6 +209,8 @@ class Coalescer:
         self._spare: List[Waker] = []
         self._deferred: List[Request] = []
         self._deferred_since = 0.0  # time.monotonic() when the oldest deferred one came
+        self._retry_at = 0.0  # after a failed round trip: not sent again by the flusher before
+        self._failures = 0  # round trips in a row that failed to carry the deferred requests
         self._deferrals = 0  # requests deferred so far (the flusher watches it move)
         self._flusher_idle = True  # the flusher thread waits on _flusher_wake (or none runs)
         self._flusher_wake: Optional[threading.Event] = None
@@ -275,14 +295,23 @@ class Coalescer:
                 self._retry_or_report([r for r in deferred if r.error is not None])
 
     def _retry_or_report(self, failed: List[Request]) -> None:
-        """Defer failed deferred requests again (they ride a later round trip), or, after
-        :data:`DEFERRED_ATTEMPTS`, tell ``on_deferred_error``."""
+        """Defer failed deferred requests again (they ride a later round trip, the flusher's
+        backing off), or, once they had :data:`DEFERRED_ATTEMPTS` round trips and
+        :data:`DEFERRED_KEEP_S` passed, tell ``on_deferred_error``."""
         again = []
+        now = time.monotonic()
         for request in failed:
             request.attempts += 1
-            if request.attempts < DEFERRED_ATTEMPTS:
+            if request.attempts < DEFERRED_ATTEMPTS or now - request.deferred_at < DEFERRED_KEEP_S:
                 request.error = request.result = None
                 again.append(request)
+        with self._lock:
+            if failed:
+                self._failures += 1
+                backoff = self._defer_s * 2 ** min(self._failures, 16)
+                self._retry_at = now + min(backoff, DEFERRED_RETRY_MAX_S)
+            else:
+                self._failures, self._retry_at = 0, 0.0
         if again:
             self._enqueue(again, first=True)
         given_up = [r for r in failed if r.error is not None]
@@ -292,6 +321,7 @@ class Coalescer:
     def defer(self, request: Request) -> None:
         """Queue ``request`` without waiting for it: it rides the next round trip, or the
         flusher sends it within ``defer_ms``."""
+        request.deferred_at = time.monotonic()
         self._enqueue([request])
 
     def _enqueue(self, requests: List[Request], first: bool = False) -> None:
@@ -328,7 +358,8 @@ class Coalescer:
         (it waits for ``wake``)."""
         with self._lock:
             if self._deferred:
-                return self._deferred_since + self._defer_s - time.monotonic(), self._deferrals
+                due = max(self._deferred_since + self._defer_s, self._retry_at)
+                return due - time.monotonic(), self._deferrals
             if self._deferrals != seen:
                 return self._defer_s, self._deferrals
             self._flusher_idle = True

@@ -357,9 +357,13 @@ def test_flush_sends_the_deferred_now_and_nothing_without_them(waker: Any) -> No
     assert coalescer.idle
 
 
-def test_a_failed_deferred_request_is_sent_again_then_reported(waker: Any) -> None:
+def test_a_failed_deferred_request_is_sent_again_then_reported(
+    waker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A deferred request whose round trip failed rides the next ones again, up to
-    DEFERRED_ATTEMPTS round trips in all; then on_deferred_error is told, once, with it."""
+    DEFERRED_ATTEMPTS round trips in all once DEFERRED_KEEP_S has passed (0 here); then
+    on_deferred_error is told, once, with it."""
+    monkeypatch.setattr(coalesce, "DEFERRED_KEEP_S", 0.0)
     execute = Recorder()
     reported: List[Any] = []
     coalescer = Coalescer(
@@ -379,6 +383,39 @@ def test_a_failed_deferred_request_is_sent_again_then_reported(waker: Any) -> No
     assert reported[0][0] == [deferred] and isinstance(reported[0][1], ConnectionError)
     coalescer.run(make_request())
     assert execute.batches[-1] == ["claim"]  # given up: not sent again
+
+
+def test_a_deferred_request_outlives_a_store_outage_and_the_flusher_backs_off(
+    waker: Any,
+) -> None:
+    """A store restarting fails every round trip for a while: a deferred mark is kept through
+    ten failed round trips (within DEFERRED_KEEP_S), lands with the first one after the
+    outage, and nothing is reported; meanwhile the flusher waits longer after each failure
+    instead of retrying every defer_ms. (Before, a mark was given up after 3 round trips, a
+    few milliseconds of an outage: its message stayed CONSUMING and a copy after the lease
+    ran again.)"""
+    execute = Recorder()
+    reported: List[Any] = []
+    coalescer = Coalescer(
+        execute, waker, defer_ms=10, on_deferred_error=lambda r, e: reported.append(r)
+    )
+    deferred = Request("mark", 1, [b"a"], ["v"])
+    coalescer.defer(deferred)
+    execute.failing = True
+    waits = []
+    for _ in range(10):
+        coalescer.run(make_request())
+        assert coalescer.deferred == 1
+        wait, _ = coalescer._flush_due(threading.Event(), 0)
+        waits.append(wait)
+    assert waits[0] is not None and waits[-1] is not None
+    assert waits[-1] > 0.5 > waits[0]  # 10 ms doubled per failure, at most 1 s
+    execute.failing = False
+    coalescer.run(make_request())
+    assert execute.batches[-1] == ["mark", "claim"] and deferred.result == "done"
+    assert reported == [] and coalescer.deferred == 0
+    wait, _ = coalescer._flush_due(threading.Event(), 0)
+    assert wait is not None and wait <= 0.01  # the backoff ends with the outage
 
 
 def test_a_deferred_request_that_failed_once_lands_with_the_next_round_trip(waker: Any) -> None:
