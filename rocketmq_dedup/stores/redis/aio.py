@@ -221,16 +221,26 @@ class AsyncRedisDedupStore(AsyncDedupStore):
         """The sync store's recovery: a lost script is loaded again; a server without
         ``SET ... NX GET`` gets the claim script."""
         if any(isinstance(e, redis.exceptions.NoScriptError) for e in errors):
-            replies = await self._send([("SCRIPT", "LOAD", text) for text in SCRIPTS.values()])
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
+            await self._load_scripts()
             return True
         if self._set_nx_get and any(_is_syntax_error(e) for e in errors):
             logger.info("Redis has no SET NX GET (< 7.0); claiming with a Lua script")
             self._set_nx_get = False
             return True
         return False
+
+    async def _load_scripts(self) -> None:
+        """Load the scripts into the server, as the sync store does: under the coalescer on the
+        store's own connection, else through the client, one ``script_load`` each (a cluster
+        sends it to every primary; in a cluster pipeline SCRIPT LOAD has no slot to go to)."""
+        if self._coalescer is None:
+            for text in SCRIPTS.values():
+                await self.client.script_load(text)
+            return
+        replies = await self._send([("SCRIPT", "LOAD", text) for text in SCRIPTS.values()])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     async def _send(self, commands: List[Tuple[Any, ...]]) -> List[Any]:
         """Commands in one round trip: on the store's connection (coalescing), else through
