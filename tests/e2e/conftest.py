@@ -14,7 +14,7 @@ from tests.e2e.clients import Producer, installed_client
 from tests.e2e.harness import REPO, create_tables, rocketmq_script
 from tests.support import mysql_connect, pg_connect
 
-POOL = 16  # topics/groups created per session: one pair per test
+POOL = 24  # topics/groups created per session: one pair per test (17 take one now)
 
 
 @pytest.fixture(scope="session")
