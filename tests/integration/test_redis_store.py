@@ -25,6 +25,7 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.errors import StoreError, StoreUnavailableError
 from rocketmq_dedup.message import to_text
+from rocketmq_dedup.stores import coalesce
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.coalesce import Request
 from rocketmq_dedup.stores.redis import RedisDedupStore, transport
@@ -168,10 +169,15 @@ def test_marks_are_written_at_once_while_a_lease_is_under_100_times_the_deferral
 
 
 def test_a_deferred_mark_that_cannot_be_written_is_logged(
-    redis_client: redis.Redis, app_name: str, caplog: pytest.LogCaptureFixture
+    redis_client: redis.Redis,
+    app_name: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A deferred mark whose round trips keep failing (Redis gone) is given up after
-    DEFERRED_ATTEMPTS and logged as an ERROR naming the store; the message was acked."""
+    DEFERRED_ATTEMPTS round trips once DEFERRED_KEEP_S has passed (0 here) and logged as an
+    ERROR naming the store; the message was acked."""
+    monkeypatch.setattr(coalesce, "DEFERRED_KEEP_S", 0.0)
     store = RedisDedupStore(redis_client, defer_marks_ms=500)
     listener = Ok(DedupConfig.enable_dedup_consume_config(app_name, store))
     assert listener(ClassicMessage("m1")) is ConsumeStatus.CONSUME_SUCCESS
