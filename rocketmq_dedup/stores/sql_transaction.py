@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from rocketmq_dedup.errors import StoreError, TransactionMisuseError
 from rocketmq_dedup.message import DedupElement
-from rocketmq_dedup.stores.base import Record
+from rocketmq_dedup.stores.base import Record, bounded_reason
 from rocketmq_dedup.stores.transaction import Entity, KeyClaim, SequenceStep, Transaction
 
 logger = logging.getLogger(__name__)
@@ -145,6 +145,7 @@ class SqlTransaction(Transaction):
     def commit_failure(
         self, element: DedupElement, owner: str, retention_ms: int, reason: str
     ) -> Optional[Record]:
+        reason = bounded_reason(reason)  # as every store keeps one (the port's promise)
         return self._io(self._commit_failure, element, owner, retention_ms, reason)
 
     def commit(self) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupStatus, PermanentFailure
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.stores.base import bounded_reason
 from rocketmq_dedup.testing import ClassicMessage
 from tests.integration.exactly_once.support import (
     Database,
@@ -50,6 +51,26 @@ def test_a_permanent_failure_commits_the_failed_record_without_the_handlers_writ
     assert (record.status, record.reason) == (DedupStatus.FAILED, "m1: no such account")
     assert listener(ClassicMessage("m1", reconsume_times=1)) is LATER
     assert listener.calls == {"m1": 1}
+
+
+def test_a_long_reason_is_committed_bounded_as_the_stores_keep_it(
+    client: Any, table: str, effects: EffectTable
+) -> None:
+    """A reason longer than the column (and with line breaks) is committed as every store
+    keeps one (bounded_reason: one line, 255 characters, an ellipsis last), not refused by the
+    database."""
+    config = config_on(client, table)
+
+    def refuse_at_length(msg: Any, conn: Any) -> Any:
+        raise PermanentFailure("no such account:\n" + "x" * 400)
+
+    listener = EffectListener(config, effects, refuse_at_length)
+    assert listener(ClassicMessage("m1")) is LATER
+    assert config.persist is not None
+    record = config.persist.read(DedupElement(config.application_name, "TEST-TOPIC", "TagA", "m1"))
+    assert record is not None and record.status is DedupStatus.FAILED
+    assert record.reason == bounded_reason("no such account:\n" + "x" * 400)
+    assert len(record.reason) == 255 and record.reason.endswith("\u2026")
 
 
 def test_an_old_table_gets_the_failed_record_without_its_reason(
