@@ -210,7 +210,6 @@ class Coalescer:
         self._deferred: List[Request] = []
         self._deferred_since = 0.0  # time.monotonic() when the oldest deferred one came
         self._retry_at = 0.0  # after a failed round trip: not sent again by the flusher before
-        self._failures = 0  # round trips in a row that failed to carry the deferred requests
         self._deferrals = 0  # requests deferred so far (the flusher watches it move)
         self._flusher_idle = True  # the flusher thread waits on _flusher_wake (or none runs)
         self._flusher_wake: Optional[threading.Event] = None
@@ -298,6 +297,9 @@ class Coalescer:
         """Defer failed deferred requests again (they ride a later round trip, the flusher's
         backing off), or, once they had :data:`DEFERRED_ATTEMPTS` round trips and
         :data:`DEFERRED_KEEP_S` passed, tell ``on_deferred_error``."""
+        if not failed:  # the round trip carried them: no backoff (a float set, no lock)
+            self._retry_at = 0.0
+            return
         again = []
         now = time.monotonic()
         for request in failed:
@@ -305,13 +307,9 @@ class Coalescer:
             if request.attempts < DEFERRED_ATTEMPTS or now - request.deferred_at < DEFERRED_KEEP_S:
                 request.error = request.result = None
                 again.append(request)
-        with self._lock:
-            if failed:
-                self._failures += 1
-                backoff = self._defer_s * 2 ** min(self._failures, 16)
-                self._retry_at = now + min(backoff, DEFERRED_RETRY_MAX_S)
-            else:
-                self._failures, self._retry_at = 0, 0.0
+        # the backoff doubles with the round trips the oldest of them failed in
+        backoff = self._defer_s * 2 ** min(max(r.attempts for r in failed), 16)
+        self._retry_at = now + min(backoff, DEFERRED_RETRY_MAX_S)
         if again:
             self._enqueue(again, first=True)
         given_up = [r for r in failed if r.error is not None]
