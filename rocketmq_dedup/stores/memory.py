@@ -16,7 +16,7 @@ from rocketmq_dedup.stores.base import (
     Record,
     refused_by,
 )
-from rocketmq_dedup.stores.operations import StoreOperations, StoreStats, records_stats
+from rocketmq_dedup.stores.operations import OperatedStore, StoreStats, records_stats
 
 #: A record: (state, owner, expires at in clock seconds, lapsed claims, reason), kept under its
 #: element's fields as a plain tuple. None holds anything the cyclic GC tracks (ints, str, float,
@@ -36,7 +36,7 @@ _STATUS = (DedupStatus.CONSUMING, DedupStatus.CONSUMED, DedupStatus.FAILED)
 SWEEP_MIN_GROWTH = 1024
 
 
-class MemoryDedupStore(PerElementStore, StoreOperations):
+class MemoryDedupStore(PerElementStore, OperatedStore):
     """Keeps records in a dict. Not shared between processes; records vanish on exit. Expired
     records are dropped as new ones arrive, so the size is bounded by the live records.
 

@@ -127,8 +127,8 @@ class StoreOperations(abc.ABC):
 
 
 class OperatedStore(DedupStore, StoreOperations):
-    """A record store with the operator API: what the command line opens (the Redis, MySQL and
-    PostgreSQL stores)."""
+    """A record store with the operator API: the Redis, MySQL, PostgreSQL and memory stores
+    (what the command line opens)."""
 
 
 def round_trip(seconds: float) -> str:
