@@ -7,6 +7,7 @@ once the consumer runs; stops when its standard input closes or on SIGTERM.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -80,11 +81,21 @@ class Recorder:
         self._local = threading.local()
 
     def _execute(self, sql: str, *params: Any) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._connect()
-            conn.autocommit(True)
-        conn.cursor().execute(sql, params)
+        """On a new connection once more when the thread's failed (a lost record would leave
+        the test waiting for an answer the broker already had)."""
+        for attempt in (1, 2):
+            conn = getattr(self._local, "conn", None)
+            try:
+                if conn is None:
+                    conn = self._local.conn = self._connect()
+                    conn.autocommit(True)
+                conn.cursor().execute(sql, params)
+                return
+            except Exception:
+                logging.exception("recording failed (attempt %d): %s %r", attempt, sql, params)
+                self._local.conn = None
+                if attempt == 2:
+                    raise
 
     def effect(self, key: str, phase: str) -> None:
         self._execute(
@@ -220,6 +231,7 @@ class E2EExactlyOnceListener(TransactionalDedupListener):
 
 
 def main() -> None:
+    faulthandler.enable()  # a native crash leaves its stack in the consumer's log
     settings = json.loads(sys.argv[1])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(message)s")
     if settings["store"] == "redis":

@@ -106,8 +106,32 @@ class Run:
         return {d["msg_id"] for d in self.deliveries() if d["status"] == 0}
 
     def wait_all_acked(self, timeout: float = 90) -> None:
-        """Every message sent so far got a CONSUME_SUCCESS answer."""
-        wait_for(lambda: set(self.sent) <= self.acked_ids(), timeout=timeout, interval=0.2)
+        """Every message sent so far got a CONSUME_SUCCESS answer; on a timeout the error says
+        which were not, what their deliveries were and what the consumers logged."""
+        try:
+            wait_for(lambda: set(self.sent) <= self.acked_ids(), timeout=timeout, interval=0.2)
+        except AssertionError as exc:
+            raise AssertionError(self.unacked_report(timeout)) from exc
+
+    def unacked_report(self, timeout: float) -> str:
+        """The messages sent but never answered CONSUME_SUCCESS, their deliveries, and the tail
+        of every consumer log of this run."""
+        deliveries = self.deliveries()
+        missing = set(self.sent) - {d["msg_id"] for d in deliveries if d["status"] == 0}
+        lines = [f"{len(missing)} of {len(self.sent)} messages not acked within {timeout}s"]
+        lines += [
+            f"  {msg_id}: {[d for d in deliveries if d['msg_id'] == msg_id]}"
+            for msg_id in sorted(missing)
+        ]
+        for log in sorted(STATE.glob(f"e2e-consumer-{self.run_id}-*.log")):
+            lines.append(f"--- {log.name} (last 3000 characters)")
+            lines.append(log.read_text(errors="replace")[-3000:])
+        return "\n".join(lines)
+
+    def wait_delivered(self, msg_id: str, timeout: float = 30) -> None:
+        """A consumer answered ``msg_id`` (any answer)."""
+        found = "SELECT 1 FROM e2e_deliveries WHERE run_id = %s AND msg_id = %s LIMIT 1"
+        wait_for(lambda: sql(found, self.run_id, msg_id), timeout=timeout, interval=0.02)
 
     def wait_handled(self, keys: List[str], timeout: float = 90) -> None:
         wait_for(lambda: set(keys) <= set(self.effects()), timeout=timeout, interval=0.2)
