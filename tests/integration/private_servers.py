@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -50,7 +51,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 class PrivateMariaDB:
     """A MariaDB of one test module: ``mariadb-install-db`` into ``root``, ``mariadbd`` on a
     free port with its socket in ``root``; root logs in without a password (over the socket),
-    the database :data:`DATABASE` exists. :meth:`stop` ends it by PID."""
+    the database :data:`DATABASE` exists. :meth:`kill`, :meth:`freeze` and :meth:`start` make
+    the faults; :meth:`stop` ends it by PID."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -71,16 +73,28 @@ class PrivateMariaDB:
             capture_output=True,
             timeout=120,
         )
+        self._data = data
+        self.start()
+        try:
+            self.sql(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self) -> None:
+        """``mariadbd`` on this server's port, data directory and socket (again, after
+        :meth:`kill`: InnoDB recovers what was committed)."""
+        as_root = ["--user=root"] if os.geteuid() == 0 else []
         self.process = subprocess.Popen(
             [
                 _program("mariadbd"),
                 "--no-defaults",
                 *as_root,
-                f"--datadir={data}",
+                f"--datadir={self._data}",
                 "--bind-address=127.0.0.1",
                 f"--port={self.port}",
                 f"--socket={self.socket}",
-                f"--log-error={root / 'mariadb.err'}",
+                f"--log-error={self.root / 'mariadb.err'}",
                 "--skip-name-resolve",
                 "--skip-log-bin",
                 "--innodb-buffer-pool-size=16M",
@@ -91,10 +105,21 @@ class PrivateMariaDB:
         )
         try:
             wait_for(self._answers, timeout=60, interval=0.05)
-            self.sql(f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
         except BaseException:
             self.stop()
             raise
+
+    def kill(self) -> None:
+        """SIGKILL: connections cut, nothing flushed."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections open, no answer."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
 
     def _answers(self) -> bool:
         if self.process.poll() is not None:
@@ -150,6 +175,8 @@ class PrivateMariaDB:
         return f"mysql://{user}:{password}@127.0.0.1:{self.port}/{DATABASE}"
 
     def stop(self) -> None:
+        if self.process.poll() is None:
+            self.thaw()
         _stop(self.process)
 
 

@@ -23,7 +23,7 @@ from redis.backoff import NoBackoff
 from rocketmq_dedup import ConsumeStatus, DedupConfig
 from rocketmq_dedup.aio import AsyncDedupConcurrentListener
 from rocketmq_dedup.testing import GrpcMessage
-from tests.integration.private_servers import _program, free_port
+from tests.integration.private_servers import DATABASE, PrivateMariaDB, _program, free_port
 from tests.support import PrivatePostgres, wait_for
 
 SUCCESS, LATER = ConsumeStatus.CONSUME_SUCCESS, ConsumeStatus.RECONSUME_LATER
@@ -239,3 +239,53 @@ def test_postgres_killed_and_restarted_under_concurrency(
         return config, config.aclose
 
     asyncio.run(fault_run(make, postgres.kill, postgres.start, 1.0))
+
+
+@pytest.fixture(scope="module")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateMariaDB]:
+    server = PrivateMariaDB(tmp_path_factory.mktemp("aio-faults-mariadb"))
+    yield server
+    server.stop()
+
+
+def mysql_config(server: PrivateMariaDB, app_name: str) -> Callable[[], Awaitable[Any]]:
+    """The asyncio MySQL store (asyncmy) on ``server``, its socket and statements timing out
+    after 1 s (a frozen server)."""
+    import asyncmy
+
+    async def make() -> Any:
+        connect = functools.partial(
+            asyncmy.connect,
+            unix_socket=server.socket,
+            user="root",
+            db=DATABASE,
+            connect_timeout=1,
+            read_timeout=1,
+        )
+        config = DedupConfig.enable_dedup_consume_config(
+            app_name,
+            connect,
+            store_failure_policy="reconsume_later",
+            check_store=False,
+            **SHORT_LEASE,
+        )
+        await config.async_store.create_table()  # type: ignore[union-attr]
+        return config, config.aclose
+
+    return make
+
+
+def test_mysql_killed_and_restarted_under_concurrency(
+    mariadb: PrivateMariaDB, app_name: str
+) -> None:
+    """The asyncio MySQL store (asyncmy): MariaDB SIGKILLed while messages flow
+    (RECONSUME_LATER, the loop ticking), started again (InnoDB recovers): the lost connections
+    replaced and every key applied once."""
+    asyncio.run(fault_run(mysql_config(mariadb, app_name), mariadb.kill, mariadb.start, 1.0))
+
+
+def test_mysql_frozen_under_concurrency(mariadb: PrivateMariaDB, app_name: str) -> None:
+    """The asyncio MySQL store: MariaDB SIGSTOPped (connections open, no answer): the claims
+    time out and are answered RECONSUME_LATER, the loop ticking throughout; SIGCONT: the claims
+    it ran late hold their keys one lease, then every key is applied once."""
+    asyncio.run(fault_run(mysql_config(mariadb, app_name), mariadb.freeze, mariadb.thaw, 2.0))
