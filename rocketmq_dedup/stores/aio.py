@@ -393,7 +393,10 @@ def is_async_mysql_factory(client: Any) -> bool:
 
 #: The options each kind of asyncio store takes, by the check that recognises its client.
 _ASYNC_STORES: Dict[str, Tuple[str, FrozenSet[str]]] = {
-    "redis": ("rocketmq_dedup.stores.redis.aio:AsyncRedisDedupStore", frozenset({"key_prefix"})),
+    "redis": (
+        "rocketmq_dedup.stores.redis.aio:AsyncRedisDedupStore",
+        frozenset({"key_prefix", "defer_marks_ms"}),
+    ),
     "postgres": (
         "rocketmq_dedup.stores.postgres.aio:AsyncPostgresDedupStore",
         frozenset({"table_name", "pool_size", "pool_timeout"}),

@@ -172,6 +172,31 @@ DEFERRED_KEEP_S = 30.0
 DEFERRED_RETRY_MAX_S = 1.0
 
 
+def settle_deferred(
+    failed: List[Request], defer_s: float
+) -> Tuple[List[Request], List[Request], float]:
+    """What becomes of deferred requests whose round trip failed (the sync and the asyncio
+    coalescers' rule): ``(again, given_up, retry_at)``. ``again``: cleared, to be deferred
+    again, while they had fewer than :data:`DEFERRED_ATTEMPTS` round trips or are younger than
+    :data:`DEFERRED_KEEP_S`; ``given_up``: the others, error kept, to be reported;
+    ``retry_at``: when a flush may send them again (``time.monotonic()``; 0.0 when nothing
+    failed), a backoff from ``defer_s`` doubled per round trip the oldest of them failed in,
+    at most :data:`DEFERRED_RETRY_MAX_S`."""
+    if not failed:  # the round trip carried them: no backoff
+        return [], [], 0.0
+    again, given_up = [], []
+    now = time.monotonic()
+    for request in failed:
+        request.attempts += 1
+        if request.attempts < DEFERRED_ATTEMPTS or now - request.deferred_at < DEFERRED_KEEP_S:
+            request.error = request.result = None
+            again.append(request)
+        else:
+            given_up.append(request)
+    backoff = defer_s * 2 ** min(max(r.attempts for r in failed), 16)
+    return again, given_up, now + min(backoff, DEFERRED_RETRY_MAX_S)
+
+
 class Coalescer:
     """Runs :class:`Request` objects through ``execute`` in combined batches.
 
@@ -297,22 +322,9 @@ class Coalescer:
         """Defer failed deferred requests again (they ride a later round trip, the flusher's
         backing off), or, once they had :data:`DEFERRED_ATTEMPTS` round trips and
         :data:`DEFERRED_KEEP_S` passed, tell ``on_deferred_error``."""
-        if not failed:  # the round trip carried them: no backoff (a float set, no lock)
-            self._retry_at = 0.0
-            return
-        again = []
-        now = time.monotonic()
-        for request in failed:
-            request.attempts += 1
-            if request.attempts < DEFERRED_ATTEMPTS or now - request.deferred_at < DEFERRED_KEEP_S:
-                request.error = request.result = None
-                again.append(request)
-        # the backoff doubles with the round trips the oldest of them failed in
-        backoff = self._defer_s * 2 ** min(max(r.attempts for r in failed), 16)
-        self._retry_at = now + min(backoff, DEFERRED_RETRY_MAX_S)
+        again, given_up, self._retry_at = settle_deferred(failed, self._defer_s)
         if again:
             self._enqueue(again, first=True)
-        given_up = [r for r in failed if r.error is not None]
         if given_up and self._on_deferred_error is not None:
             self._on_deferred_error(given_up, given_up[0].error)  # type: ignore[arg-type]
 

@@ -4,7 +4,8 @@
 and what their replies mean are :mod:`.records`' (the sync store's); only the I/O differs.
 
 Round trips, as the sync store's: a fresh message costs two (``SET NX PX GET`` or the claim
-script, then ``SET PX``), a duplicate one. On a ``redis.asyncio.Redis`` the requests of
+script, then ``SET PX``), a duplicate one; with coalescing the ``SET PX`` of a CONSUMED mark
+rides a later round trip (``defer_marks_ms``). On a ``redis.asyncio.Redis`` the requests of
 concurrent tasks share round trips (:class:`~rocketmq_dedup.stores.coalesce_aio.
 AsyncCoalescer`): one command per kind (a claim script over every key claimed meanwhile), sent
 on one connection the store checks out of the client's pool (made the pool's way: Sentinel
@@ -35,7 +36,13 @@ from rocketmq_dedup.errors import (
 from rocketmq_dedup.message import DedupElement, to_text
 from rocketmq_dedup.stores.aio import AsyncDedupStore, is_async_redis_client
 from rocketmq_dedup.stores.base import Claim, ClaimResult, Record
-from rocketmq_dedup.stores.coalesce import Request
+from rocketmq_dedup.stores.coalesce import (
+    DEFAULT_DEFER_MS,
+    Request,
+    check_defer_ms,
+    marks_failed_reporter,
+    may_defer,
+)
 from rocketmq_dedup.stores.coalesce_aio import AsyncCoalescer
 from rocketmq_dedup.stores.redis import acl, transport
 from rocketmq_dedup.stores.redis.records import (
@@ -79,12 +86,20 @@ class AsyncRedisDedupStore(AsyncDedupStore):
     :param key_prefix: the first segment of every record key.
     :param coalesce: share round trips among concurrent tasks (``Redis`` only); ``False``
         sends each call through the client.
+    :param defer_marks_ms: with coalescing, how long a CONSUMED mark may wait for a later round
+        trip to carry it (the sync store's, README "CONSUMED marks ride later round trips"; the
+        loop's timer sends it when none comes, ``aclose()`` and reads send it at once); 0:
+        every mark is written before the listener answers.
     """
 
     proves_writes = True
 
     def __init__(
-        self, client: Any, key_prefix: str = DEFAULT_KEY_PREFIX, coalesce: bool = True
+        self,
+        client: Any,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        coalesce: bool = True,
+        defer_marks_ms: int = DEFAULT_DEFER_MS,
     ) -> None:
         if redis is None:
             raise MissingExtraError("redis", "redis")
@@ -107,9 +122,17 @@ class AsyncRedisDedupStore(AsyncDedupStore):
                     "dedup store keeps one of its connections for its round trips, so it needs "
                     f"at least {MIN_POOL_SIZE}, or AsyncRedisDedupStore(client, coalesce=False)"
                 )
-        self._coalescer: Optional[AsyncCoalescer[Request]] = (
-            AsyncCoalescer(self._execute) if coalesce and not self._cluster else None
+        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
+        self._coalescer: Optional[AsyncCoalescer] = (
+            AsyncCoalescer(
+                self._execute,
+                defer_ms=defer_marks_ms,
+                on_deferred_error=marks_failed_reporter(self.describe),
+            )
+            if coalesce and not self._cluster
+            else None
         )
+        self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         self._conn: Any = None  # the coalesced round trips' connection, out of the pool
         self._set_nx_get = True  # until the server says it has no SET NX GET
         #: The kinds of claims, marks and releases: counted ones once count_lapses() was called.
@@ -128,21 +151,39 @@ class AsyncRedisDedupStore(AsyncDedupStore):
 
     async def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
         key = self._keys(element)
         reply = await self._request(self._claim, lease_ms, [key], [CONSUMING + owner])
         return claim_result(reply[0])
 
     async def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
         keys, values = self._keys_and_values(claims, CONSUMING)
         reply = await self._request(self._claim, lease_ms, keys, values)
         return [claim_result(r) for r in reply]
 
     async def do_mark_consumed(self, claim: Claim, retention_ms: int) -> None:
         element, owner = claim
-        await self._request(self._mark, retention_ms, [self._keys(element)], [CONSUMED + owner])
+        await self._mark_or_defer(retention_ms, [self._keys(element)], [CONSUMED + owner])
 
     async def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
-        await self._request(self._mark, retention_ms, *self._keys_and_values(claims, CONSUMED))
+        await self._mark_or_defer(retention_ms, *self._keys_and_values(claims, CONSUMED))
+
+    async def _mark_or_defer(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
+        """Mark CONSUMED: deferred to a later round trip when allowed (the sync store's rule),
+        else now."""
+        coalescer = self._coalescer
+        if coalescer is not None and may_defer(self.defer_marks_ms, self._shortest_lease_ms):
+            coalescer.defer(Request(self._mark, retention_ms, keys, values))
+        else:
+            await self._request(self._mark, retention_ms, keys, values)
+
+    async def flush_marks(self) -> None:
+        """Send the deferred CONSUMED marks now (a read of the store sees every mark made)."""
+        if self._coalescer is not None:
+            await self._coalescer.flush()
 
     async def do_mark_failed(self, claim: Claim, retention_ms: int, reason: str) -> None:
         element, owner = claim
@@ -169,6 +210,7 @@ class AsyncRedisDedupStore(AsyncDedupStore):
         return [self._keys(e) for e, _ in claims], [status + o for _, o in claims]
 
     async def do_read(self, element: DedupElement) -> Optional[Record]:
+        await self.flush_marks()
         key = self._keys(element)
         if self._cluster:  # two commands to the key's node: a cluster pipeline would share
             value, pttl = await asyncio.gather(self.client.get(key), self.client.pttl(key))
@@ -293,8 +335,12 @@ class AsyncRedisDedupStore(AsyncDedupStore):
                 await self.client.connection_pool.release(conn)
 
     async def aclose(self) -> None:
-        """Give the store's connection back to the client's pool; the client stays open."""
-        await self._give_back()
+        """Send the deferred marks, then give the store's connection back to the client's
+        pool; the client stays open."""
+        try:
+            await self.flush_marks()
+        finally:
+            await self._give_back()
 
     # -- the boundary: as the sync store's ---------------------------------------------------
 
