@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from rocketmq_dedup.errors import StoreError
 from rocketmq_dedup.outbox.message import OutboxMessage, properties_from_json
 from rocketmq_dedup.status import OutboxStatus
 from rocketmq_dedup.stores.outbox import Backlog, ClaimedRow, Failure, ListedRow, OutboxTables
@@ -40,6 +41,12 @@ Statements = List[Tuple[str, Sequence[Any]]]
 class OutboxSql(NamedTuple):
     """An outbox's statements, formatted for its tables; ``{ids}`` is left for each call."""
 
+    lane_lock: str
+    """In the handler's transaction: the sharding key's lock, held until the transaction ends,
+    by a statement that never fails on purpose. Parameter: the sharding key."""
+    insert: str
+    """In the handler's transaction: the row (:func:`row_values`); the database's id of it is
+    :meth:`SqlOutboxTables._inserted_id`'s."""
     heads: str
     """Parameters (limit of rows without a sharding key, limit); rows (id, lane): each sharding
     key's first PENDING row if it is due and no row of the key is PARKED (a parked row holds
@@ -85,18 +92,23 @@ def portable_statements(
     now_ms: str,
     body_length: str,
     begin: str,
+    lane_lock: str,
+    insert: str,
     purge: str,
     lane_purge: str,
 ) -> OutboxSql:
     """The statements both databases write alike, formatted for the outbox ``table`` and its
     locks ``lanes`` (quoted), with the database's clock in epoch ms, the body's length function,
-    its BEGIN, and its two purge statements (a DELETE with a LIMIT is MySQL's alone)."""
+    its BEGIN, and its own statements: the handler's two (an upsert and how an INSERT's id comes
+    back differ) and the purge's (a DELETE with a LIMIT is MySQL's alone)."""
     retryable = "(status = 'PARKED' OR (status = 'PENDING' AND claimed_by IS NULL))"
     listed = (
         f"id, status, topic, tag, message_key, lane, attempts, {now_ms} - created_at, "
         f"due_at - {now_ms}, claimed_by, {body_length}(body), last_error"
     )
     text = OutboxSql(
+        lane_lock=lane_lock,
+        insert=insert,
         heads=(
             "SELECT id, lane FROM ("
             "SELECT o.id, o.lane FROM (SELECT lane, MIN(id) AS id FROM {table} "
@@ -174,6 +186,16 @@ class SqlOutboxTables(OutboxTables):
     # -- I/O hooks ---------------------------------------------------------------------------------
 
     @abc.abstractmethod
+    def _inserted_id(self, result: Any) -> int:
+        """The id of the row :attr:`OutboxSql.insert` wrote, from its cursor (or a SQLAlchemy
+        ``CursorResult``)."""
+
+    @abc.abstractmethod
+    def _store_error(self, exc: Exception) -> StoreError:
+        """The store's error for what the driver (or SQLAlchemy, in the handler's transaction)
+        raised."""
+
+    @abc.abstractmethod
     def _op(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(runner, *args)`` on one of the relays' connections, errors wrapped once; after
         a lost connection ``fn`` may run once more (every operation here may run twice: an
@@ -207,6 +229,26 @@ class SqlOutboxTables(OutboxTables):
     def _sent(self, owner: str, sent: Sequence[Tuple[int, str]]) -> Tuple[str, List[Any]]:
         """The statement that marks ``sent`` (row id, the broker's message id) SENT, with one
         more attempt, where ``owner`` still holds them."""
+
+    # -- in the handler's transaction -----------------------------------------------------------
+
+    def write(self, conn: Any, message: OutboxMessage) -> int:
+        sql, row, lane = self.sql, row_values(message), message.sharding_key
+        try:
+            if hasattr(conn, "exec_driver_sql"):  # a SQLAlchemy Connection
+                if lane is not None:
+                    conn.exec_driver_sql(sql.lane_lock, (lane,))
+                return self._inserted_id(conn.exec_driver_sql(sql.insert, row))
+            cursor = conn.cursor()
+            try:
+                if lane is not None:
+                    cursor.execute(sql.lane_lock, (lane,))
+                cursor.execute(sql.insert, row)
+                return self._inserted_id(cursor)
+            finally:
+                cursor.close()
+        except Exception as exc:
+            raise self._store_error(exc) from exc
 
     # -- the claim ---------------------------------------------------------------------------------
 
@@ -341,6 +383,20 @@ class SqlOutboxTables(OutboxTables):
         return total
 
 
+def row_values(message: OutboxMessage) -> Tuple[Any, ...]:
+    """The values of :attr:`OutboxSql.insert`: sharding key, topic, tag, message key, the other
+    keys (space-separated), the properties (JSON), the body."""
+    return (
+        message.sharding_key,
+        message.topic,
+        message.tag,
+        message.message_key,
+        " ".join(message.other_keys),
+        message.properties_json(),
+        message.body,
+    )
+
+
 def kept_in_runs(groups: Iterable[List[int]], locked: Iterable[int], limit: int) -> List[int]:
     """The rows of ``groups`` to claim: each group (a head and its run) up to its first row
     not ``locked`` (another relay holds it, or it stopped being sendable), ``limit`` at most."""
@@ -405,4 +461,5 @@ __all__ = [
     "kept_in_runs",
     "listed_row",
     "portable_statements",
+    "row_values",
 ]

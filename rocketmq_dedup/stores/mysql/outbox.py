@@ -23,7 +23,6 @@ import logging
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError, StoreError
-from rocketmq_dedup.outbox.message import OutboxMessage
 from rocketmq_dedup.stores.mysql.connection import Runner, Statements, autocommit_on
 from rocketmq_dedup.stores.mysql.errors import as_store_error, is_connection_error
 from rocketmq_dedup.stores.mysql.pool import ConnectionPool
@@ -82,8 +81,6 @@ class MySQLOutboxTables(SqlOutboxTables):
         table, lanes = quote_table(self.name), quote_table(self.lane_table)
         self._table = table
         self._lanes = lanes
-        self._insert = OUTBOX_INSERT_SQL.format(table=table)
-        self._lane_lock = OUTBOX_LANE_LOCK_SQL.format(lanes=lanes)
         self._run_sql = OUTBOX_RUN_SQL.format(table=table)
         self._sent_sql = OUTBOX_SENT_SQL.format(table=table, marks="{marks}")
         self.sql = portable_statements(
@@ -92,6 +89,8 @@ class MySQLOutboxTables(SqlOutboxTables):
             now_ms=NOW_MS,
             body_length="LENGTH",
             begin="START TRANSACTION",
+            lane_lock=OUTBOX_LANE_LOCK_SQL,
+            insert=OUTBOX_INSERT_SQL,
             purge=OUTBOX_PURGE_SQL,
             lane_purge=OUTBOX_LANE_PURGE_SQL,
         )
@@ -122,31 +121,11 @@ class MySQLOutboxTables(SqlOutboxTables):
 
     # -- in the handler's transaction ---------------------------------------------------------
 
-    def write(self, conn: Any, message: OutboxMessage) -> int:
-        row = (
-            message.sharding_key,
-            message.topic,
-            message.tag,
-            message.message_key,
-            " ".join(message.other_keys),
-            message.properties_json(),
-            message.body,
-        )
-        try:
-            if hasattr(conn, "exec_driver_sql"):  # a SQLAlchemy Connection
-                if message.sharding_key is not None:
-                    conn.exec_driver_sql(self._lane_lock, (message.sharding_key,))
-                return int(conn.exec_driver_sql(self._insert, row).lastrowid)
-            cursor = conn.cursor()
-            try:
-                if message.sharding_key is not None:
-                    cursor.execute(self._lane_lock, (message.sharding_key,))
-                cursor.execute(self._insert, row)
-                return int(cursor.lastrowid)
-            finally:
-                cursor.close()
-        except Exception as exc:
-            raise as_store_error(exc, self.describe()) from exc
+    def _inserted_id(self, result: Any) -> int:
+        return int(result.lastrowid)
+
+    def _store_error(self, exc: Exception) -> StoreError:
+        return as_store_error(exc, self.describe())
 
     def in_transaction(self, conn: Any) -> Optional[bool]:
         if hasattr(conn, "exec_driver_sql"):

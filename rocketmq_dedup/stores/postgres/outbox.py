@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError, StoreError
-from rocketmq_dedup.outbox.message import OutboxMessage
 from rocketmq_dedup.stores.pool import BoundedPool
 from rocketmq_dedup.stores.postgres.connections import Runner, import_psycopg, is_outage
 from rocketmq_dedup.stores.postgres.sql import (
@@ -79,8 +78,6 @@ class PostgresOutboxTables(SqlOutboxTables):
         self._describe = describe
         self._wrap = wrap
         table, lanes = quote_table(self.name), quote_table(self.lane_table)
-        self._insert = OUTBOX_INSERT_SQL.format(table=table)
-        self._lane_lock = OUTBOX_LANE_LOCK_SQL.format(lanes=lanes)
         self._run_sql = OUTBOX_RUN_SQL.format(table=table)
         self._sent_sql = OUTBOX_SENT_SQL.format(table=table)
         self.sql = portable_statements(
@@ -89,6 +86,8 @@ class PostgresOutboxTables(SqlOutboxTables):
             now_ms=NOW_MS,
             body_length="octet_length",
             begin="BEGIN",
+            lane_lock=OUTBOX_LANE_LOCK_SQL,
+            insert=OUTBOX_INSERT_SQL,
             purge=OUTBOX_PURGE_SQL,
             lane_purge=OUTBOX_LANE_PURGE_SQL,
         )
@@ -102,7 +101,7 @@ class PostgresOutboxTables(SqlOutboxTables):
     def schema_statements(self) -> List[str]:
         return outbox_schema_statements(self._table_name)
 
-    def _error(self, exc: Exception) -> StoreError:
+    def _store_error(self, exc: Exception) -> StoreError:
         """The store's error for a driver error (for a SQLAlchemy error, the psycopg error it
         wraps)."""
         orig = getattr(exc, "orig", None)
@@ -110,32 +109,9 @@ class PostgresOutboxTables(SqlOutboxTables):
 
     # -- in the handler's transaction ---------------------------------------------------------
 
-    def write(self, conn: Any, message: OutboxMessage) -> int:
-        row = (
-            message.sharding_key,
-            message.topic,
-            message.tag,
-            message.message_key,
-            " ".join(message.other_keys),
-            message.properties_json(),
-            message.body,
-        )
-        try:
-            if hasattr(conn, "exec_driver_sql"):  # a SQLAlchemy Connection
-                if message.sharding_key is not None:
-                    conn.exec_driver_sql(self._lane_lock, (message.sharding_key,))
-                return int(conn.exec_driver_sql(self._insert, row).scalar_one())
-            cursor = conn.cursor()
-            try:
-                if message.sharding_key is not None:
-                    cursor.execute(self._lane_lock, (message.sharding_key,))
-                cursor.execute(self._insert, row)
-                (row_id,) = cursor.fetchone()
-                return int(row_id)
-            finally:
-                cursor.close()
-        except Exception as exc:
-            raise self._error(exc) from exc
+    def _inserted_id(self, result: Any) -> int:
+        (row_id,) = result.fetchone()  # INSERT ... RETURNING id
+        return int(row_id)
 
     def in_transaction(self, conn: Any) -> Optional[bool]:
         """A SQLAlchemy ``Connection``'s own answer; a psycopg connection's from its session's
@@ -164,7 +140,7 @@ class PostgresOutboxTables(SqlOutboxTables):
         except StoreError:
             raise
         except Exception as exc:
-            raise self._error(exc) from exc
+            raise self._store_error(exc) from exc
 
     def _fetch(self, runner: Runner, sql: str, params: Sequence[Any]) -> List[Any]:
         return runner.rows(sql, params)
