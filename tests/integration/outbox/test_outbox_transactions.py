@@ -256,3 +256,33 @@ def test_two_transactions_sending_the_first_rows_of_a_new_sharding_key_both_comm
     assert outbox_rows(outbox) == {"a": ("PENDING", 0), "b": ("PENDING", 0)}
     claimed = outbox.tables.claim("me", 10, 4, 30_000)
     assert [row.message.message_key for row in claimed] == ["a", "b"]
+
+
+def test_an_exactly_once_function_sends_with_its_writes_or_not_at_all(
+    config: DedupConfig, outbox: Outbox, effects: EffectTable
+) -> None:
+    """@exactly_once: a call that returns commits its effect and its outbox row; one that
+    raises leaves neither (a later call runs again); a call with a committed key runs nothing
+    and writes no second row (DuplicateConsumedError)."""
+    from rocketmq_dedup import DuplicateConsumedError, exactly_once
+
+    failing = {"o2"}
+
+    @exactly_once(config, key=lambda order: order)
+    def ship(conn: Any, order: str) -> str:
+        effects.insert(conn, order)
+        outbox.send(conn, "OUT", f"ship {order}", keys=f"{order}:ship", sharding_key=order)
+        if order in failing:
+            failing.discard(order)
+            raise RuntimeError("business failure")
+        return order
+
+    assert ship("o1") == "o1"
+    with pytest.raises(RuntimeError):
+        ship("o2")
+    assert outbox_rows(outbox) == {"o1:ship": ("PENDING", 0)}
+    assert ship("o2") == "o2"  # runs again
+    with pytest.raises(DuplicateConsumedError):
+        ship("o1")
+    assert effects.counts() == {"o1": 1, "o2": 1}
+    assert outbox_rows(outbox) == {"o1:ship": ("PENDING", 0), "o2:ship": ("PENDING", 0)}
