@@ -11,6 +11,8 @@ and the others go on."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Tuple
@@ -23,13 +25,13 @@ from tests.e2e.clients import Producer
 from tests.e2e.consumer_app import BIZ_KEY
 from tests.e2e.harness import STATE, ConsumerProcess, rocketmq_script
 from tests.e2e.outbox_app import DATABASES, SCHEMA, connect, database, store
-from tests.support import wait_for
+from tests.support import MYSQL, PG_DSN, ROCKETMQ_NAMESRV, ROCKETMQ_PROXY, wait_for
 
 pytestmark = pytest.mark.e2e
 
 #: The test whose B topic is a FIFO one with the 5.x client (it sends with a sharding key).
 ORDERED_TEST = "test_each_a_is_applied_once_and_its_b_once_downstream"
-TESTS = 3 * len(DATABASES)  # (A, B) channel pairs this module creates: one per test
+TESTS = 4 * len(DATABASES)  # (A, B) channel pairs this module creates: one per test
 
 
 @pytest.fixture(params=DATABASES)
@@ -278,3 +280,34 @@ def test_a_message_the_broker_refuses_is_parked_and_the_others_go(flow: Flow, ta
     expected = "body size over max value" if flow.client == "classic" else "message type"
     assert parked.last_error is not None and expected in parked.last_error
     assert parked.last_error.startswith("refused:")
+
+
+def test_the_relay_command_sends_the_due_rows_once_and_exits(flow: Flow, table: str) -> None:
+    """``rocketmq-dedup relay --mysql URL|--postgres URL --table T --namesrv|--proxy ADDR
+    --once`` (a process of its own, the client of this environment): the committed rows are
+    sent, marked SENT with the broker's message id, and the command says how many and exits 0;
+    a second run finds nothing to send."""
+    outbox = Outbox(store(flow.db, table))
+    conn = connect(flow.db)()
+    if flow.db == "mysql":
+        conn.autocommit(False)
+    try:
+        for key in ("c1", "c2"):
+            outbox.send(conn, flow.b_topic, key.encode(), keys=key)
+        conn.commit()
+    finally:
+        conn.close()
+    options = ["--postgres", PG_DSN]
+    if flow.db == "mysql":
+        options = ["--mysql", "mysql://{user}:{password}@{host}:{port}/{database}".format(**MYSQL)]
+    broker = ["--namesrv", ROCKETMQ_NAMESRV]
+    if flow.client == "grpc":
+        broker = ["--proxy", ROCKETMQ_PROXY]
+    command = [sys.executable, "-m", "rocketmq_dedup", "relay", *options, "--table", table, *broker]
+    for expected in ("relayed 2 row(s)", "relayed 0 row(s)"):
+        done = subprocess.run([*command, "--once"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert expected in done.stdout
+    rows = flow.sql(f"SELECT message_key, status, broker_msg_id FROM {table}_outbox")
+    assert {str(k): str(s) for k, s, _ in rows} == {"c1": "SENT", "c2": "SENT"}
+    assert all(msg_id for _, _, msg_id in rows)
