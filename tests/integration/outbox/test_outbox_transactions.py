@@ -63,7 +63,8 @@ def test_a_row_commits_with_the_handlers_writes_on_every_driver(
     driver_config: DedupConfig, driver_effects: EffectTable
 ) -> None:
     """A handler that succeeds: its effect row and its outbox row both committed (PENDING);
-    one that fails or raises: neither; a duplicate of a committed message: no second row."""
+    one that fails or raises: neither; a duplicate of a committed message: no second row. The
+    relays' connections, from the same source, claim and settle it."""
     effects = driver_effects
     outbox = Outbox(driver_config)
     answers = {"ok": True, "no": False}
@@ -80,6 +81,10 @@ def test_a_row_commits_with_the_handlers_writes_on_every_driver(
     assert listener(ClassicMessage("ok", reconsume_times=1)) is SUCCESS  # a redelivery
     assert effects.counts() == {"ok": 1}
     assert outbox_rows(outbox) == {"ok:B": ("PENDING", 0)}
+    [row] = outbox.tables.claim("relay-1", 10, 4, 30_000)
+    assert row.message.message_key == "ok:B" and row.message.body == b"ok:B"
+    outbox.tables.settle("relay-1", [(row.id, "MSG-1")], [], [])
+    assert outbox_rows(outbox) == {"ok:B": ("SENT", 1)}
 
 
 def test_a_copy_whose_twin_committed_meanwhile_leaves_no_row(
