@@ -1,7 +1,7 @@
 """The outbox's commands of ``rocketmq-dedup`` (the ``[cli]`` extra): ``relay`` (a standalone
 relay) and ``outbox list|retry|drop|purge`` (an operator's view of the rows). The store options
-are the command line's own (``--mysql URL``, ``--table``: the dedup table, the outbox is named
-after it)."""
+are the command line's own (``--mysql URL`` or ``--postgres DSN``, ``--table``: the dedup table,
+the outbox is named after it)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def relay(
 
 @click.group()
 def outbox() -> None:
-    """Look at and repair the outbox's rows (MySQL)."""
+    """Look at and repair the outbox's rows (MySQL or PostgreSQL)."""
 
 
 def listed_lines(rows: Sequence[ListedRow]) -> List[Tuple[str, ...]]:

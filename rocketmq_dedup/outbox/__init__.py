@@ -14,8 +14,10 @@ consumer dedups on the key; at least once on the wire.
 * :mod:`.outbox`: :class:`Outbox` (``send``).
 * :mod:`.relay`: :class:`OutboxRelay`, and what it does on each fault.
 * :mod:`.senders`: the two clients, and what their errors mean.
-* the database's side: the port :mod:`rocketmq_dedup.stores.outbox`, on MySQL/MariaDB
-  :mod:`rocketmq_dedup.stores.mysql.outbox`.
+* the database's side: the port :mod:`rocketmq_dedup.stores.outbox`, what the SQL databases
+  share :mod:`rocketmq_dedup.stores.sql_outbox`, on MySQL/MariaDB
+  :mod:`rocketmq_dedup.stores.mysql.outbox`, on PostgreSQL
+  :mod:`rocketmq_dedup.stores.postgres.outbox`.
 """
 
 from __future__ import annotations

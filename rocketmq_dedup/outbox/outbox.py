@@ -42,20 +42,12 @@ def outbox_tables_of(store: Any) -> Optional[OutboxTables]:
 
 
 def unsupported_store(store: Any, source: Any) -> str:
-    """Why ``store`` (of ``source``) cannot hold an outbox: only MySQL/MariaDB's store has
-    outbox tables for now."""
-    from rocketmq_dedup.stores.postgres import PostgresDedupStore
-
-    if isinstance(store, PostgresDedupStore):
-        return (
-            "the outbox supports only MySQL/MariaDB for now: a PostgreSQL store has no outbox "
-            f"tables yet ({store.describe()}); send after the commit, or keep the handlers' "
-            "database on MySQL/MariaDB for the messages they send"
-        )
+    """Why ``store`` (of ``source``) cannot hold an outbox: only a SQL database's store (MySQL/
+    MariaDB, PostgreSQL) writes rows in the handler's transaction."""
     what = store.describe() if isinstance(store, DedupStore) else repr(source)
     return (
-        "the outbox supports only MySQL/MariaDB for now: it needs a DedupConfig (or a store) "
-        f"on MySQL/MariaDB, the database the handlers write to; got {what}"
+        "the outbox needs a DedupConfig (or a store) on MySQL/MariaDB or PostgreSQL, the "
+        f"database the handlers write to; got {what}"
     )
 
 
@@ -63,11 +55,12 @@ class Outbox:
     """Messages sent through the handler's transaction (module docstring).
 
     :param source: the :class:`~rocketmq_dedup.DedupConfig` of the listener whose handlers
-        send (its MySQL store: the outbox is ``<table>_outbox`` in the same database, created
-        by ``create_table()``), or such a store itself (a producer-side application without a
-        listener: ``Outbox(MySQLDedupStore(connect))``).
-    :raises DedupConfigError: the store is not MySQL/MariaDB's: the outbox supports only
-        MySQL/MariaDB for now (a PostgreSQL store has no outbox tables yet).
+        send (its MySQL or PostgreSQL store: the outbox is ``<table>_outbox`` in the same
+        database, created by ``create_table()``), or such a store itself (a producer-side
+        application without a listener: ``Outbox(MySQLDedupStore(connect))``,
+        ``Outbox(PostgresDedupStore(connect))``).
+    :raises DedupConfigError: the store is not a SQL database's (a Redis or memory store
+        cannot write rows in the handler's transaction).
     :param max_body_bytes: the largest body :meth:`send` takes (default 4 MiB, the broker's
         default limit).
     """

@@ -1,7 +1,9 @@
 """The outbox's port: what :class:`~rocketmq_dedup.outbox.Outbox` and its relays need from the
 database the handlers write to, and nothing else. A store that has an outbox offers
 :class:`OutboxTables` as its ``outbox`` attribute (MySQL's:
-:class:`~rocketmq_dedup.stores.mysql.outbox.MySQLOutboxTables`); a second database plugs in by
+:class:`~rocketmq_dedup.stores.mysql.outbox.MySQLOutboxTables`, PostgreSQL's:
+:class:`~rocketmq_dedup.stores.postgres.outbox.PostgresOutboxTables`, both on
+:class:`~rocketmq_dedup.stores.sql_outbox.SqlOutboxTables`); another database plugs in by
 implementing this class (its SQL text, how a row is written and claimed there).
 
 A row's life: :meth:`~OutboxTables.write` (in the handler's transaction, through its

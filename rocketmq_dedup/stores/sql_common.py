@@ -1,8 +1,9 @@
 """What the SQL record stores (MySQL, PostgreSQL) share besides their pool
 (:mod:`rocketmq_dedup.stores.pool`): their options' validation, the purge's walk in key order,
-records read back by digest, the operator's delete rule, the latency check, and what follows
-their tables (:class:`SqlTables`: the sequence table's absence told, the write proof the
-start-up check deferred). The statements and the connections are each store's own."""
+records read back by digest, a text column read as ``str``, the operator's delete rule, the
+latency check, and what follows their tables (:class:`SqlTables`: the sequence table's absence
+told, the write proof the start-up check deferred). The statements and the connections are each
+store's own."""
 
 from __future__ import annotations
 
@@ -91,6 +92,14 @@ def deletable(record: Optional[Record], force: bool) -> Optional[DedupStatus]:
     if record.status is DedupStatus.CONSUMED and not force:
         return None
     return record.status
+
+
+def column_text(value: Any) -> Any:
+    """A text column's value as ``str``: drivers asked for ``use_unicode=False`` (or returning
+    binary strings) give bytes."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return value
 
 
 def is_sqlalchemy_engine(client: Any) -> bool:

@@ -10,6 +10,9 @@
 * ``downstream``: a TransactionalDedupListener consuming B, deduped on the outbox's message
   key; B's effect in its transaction; every delivery recorded (``e2e_obx_b_deliveries``).
 
+Every role's dedup tables, outbox and business tables are on the database ``"db"`` names
+(``mysql``: MariaDB, ``postgres``: PostgreSQL).
+
 Run as ``python -m tests.e2e.outbox_app '<json settings>'``; prints STARTED once running; stops
 when its standard input closes or on SIGTERM.
 """
@@ -25,15 +28,25 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
-from rocketmq_dedup import ConsumeStatus, DedupConfig, MySQLDedupStore, TransactionalDedupListener
+from rocketmq_dedup import (
+    ConsumeStatus,
+    DedupConfig,
+    MySQLDedupStore,
+    PostgresDedupStore,
+    TransactionalDedupListener,
+)
 from rocketmq_dedup.message import get_property, message_body
 from rocketmq_dedup.outbox import Outbox, OutboxMessage, OutboxRelay, outbox_message_key
 from rocketmq_dedup.outbox.senders import Sender, sender_for
 from tests.e2e.clients import Producer, start_push_consumer
 from tests.e2e.consumer_app import BIZ_KEY
-from tests.support import mysql_connect
+from tests.integration.exactly_once.support import MYSQL_DB, POSTGRES_DB, Database
+from tests.support import mysql_connect, pg_connect
 
-SCHEMA = [
+#: The databases the e2e outbox runs on.
+DATABASES = ("mysql", "postgres")
+
+MYSQL_SCHEMA = [
     """CREATE TABLE IF NOT EXISTS e2e_obx_a (
       id BIGINT AUTO_INCREMENT PRIMARY KEY, run_id VARCHAR(64) NOT NULL,
       a_key VARCHAR(128) NOT NULL, pid INT NOT NULL, KEY (run_id)) ENGINE=InnoDB""",
@@ -51,16 +64,57 @@ SCHEMA = [
       id BIGINT AUTO_INCREMENT PRIMARY KEY, run_id VARCHAR(64) NOT NULL,
       what VARCHAR(64) NOT NULL, detail VARCHAR(128) NOT NULL, KEY (run_id)) ENGINE=InnoDB""",
 ]
+POSTGRES_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS e2e_obx_a (
+      id bigserial PRIMARY KEY, run_id varchar(64) NOT NULL, a_key varchar(128) NOT NULL,
+      pid int NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS e2e_obx_orders (
+      run_id varchar(64) NOT NULL, order_id varchar(64) NOT NULL, steps int NOT NULL,
+      PRIMARY KEY (run_id, order_id))""",
+    """CREATE TABLE IF NOT EXISTS e2e_obx_b (
+      id bigserial PRIMARY KEY, run_id varchar(64) NOT NULL, b_key varchar(128) NOT NULL,
+      body varchar(128) NOT NULL, pid int NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS e2e_obx_b_deliveries (
+      id bigserial PRIMARY KEY, run_id varchar(64) NOT NULL, b_key varchar(128) NOT NULL,
+      status int NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS e2e_obx_events (
+      id bigserial PRIMARY KEY, run_id varchar(64) NOT NULL, what varchar(64) NOT NULL,
+      detail varchar(128) NOT NULL)""",
+    *(
+        f"CREATE INDEX IF NOT EXISTS {table}_run ON {table} (run_id)"
+        for table in ("e2e_obx_a", "e2e_obx_b", "e2e_obx_b_deliveries", "e2e_obx_events")
+    ),
+]
+#: The business tables, per database.
+SCHEMA = {"mysql": MYSQL_SCHEMA, "postgres": POSTGRES_SCHEMA}
+#: An order's step counter: the next step, its row locked until the transaction ends.
+ORDER_STEP_SQL = {
+    "mysql": "INSERT INTO e2e_obx_orders (run_id, order_id, steps) VALUES (%s, %s, 1) "
+    "ON DUPLICATE KEY UPDATE steps = steps + 1",
+    "postgres": "INSERT INTO e2e_obx_orders AS o (run_id, order_id, steps) VALUES (%s, %s, 1) "
+    "ON CONFLICT (run_id, order_id) DO UPDATE SET steps = o.steps + 1",
+}
 
 
-def record(sql: str, *params: Any) -> None:
-    """One autocommitted row (outside any message's transaction)."""
-    conn = mysql_connect()()
-    try:
-        conn.autocommit(True)
-        conn.cursor().execute(sql, params)
-    finally:
-        conn.close()
+def database(db: str) -> Database:
+    """The server ``db`` names, as the tests ask about it."""
+    return POSTGRES_DB if db == "postgres" else MYSQL_DB
+
+
+def connect(db: str) -> Any:
+    """A connection factory of ``db``, as users pass it to DedupConfig."""
+    return pg_connect() if db == "postgres" else mysql_connect()
+
+
+def store(db: str, table: str) -> Any:
+    """A store of ``db`` on ``table``."""
+    kind = PostgresDedupStore if db == "postgres" else MySQLDedupStore
+    return kind(connect(db), table)
+
+
+def record(settings: Dict[str, Any], sql: str, *params: Any) -> None:
+    """One autocommitted row (outside any message's transaction) in the run's database."""
+    database(settings["db"]).sql(sql, params)
 
 
 class Upstream(TransactionalDedupListener):
@@ -85,11 +139,7 @@ class Upstream(TransactionalDedupListener):
             "INSERT INTO e2e_obx_a (run_id, a_key, pid) VALUES (%s, %s, %s)",
             (run_id, key, os.getpid()),
         )
-        cur.execute(
-            "INSERT INTO e2e_obx_orders (run_id, order_id, steps) VALUES (%s, %s, 1) "
-            "ON DUPLICATE KEY UPDATE steps = steps + 1",
-            (run_id, order),
-        )
+        cur.execute(ORDER_STEP_SQL[self.settings["db"]], (run_id, order))
         cur.execute(
             "SELECT steps FROM e2e_obx_orders WHERE run_id = %s AND order_id = %s",
             (run_id, order),
@@ -135,6 +185,7 @@ class Downstream(TransactionalDedupListener):
     def __call__(self, msg: Any) -> ConsumeStatus:
         status = super().__call__(msg)
         record(
+            self.settings,
             "INSERT INTO e2e_obx_b_deliveries (run_id, b_key, status) VALUES (%s, %s, %s)",
             self.settings["run_id"],
             outbox_message_key(msg) or "",
@@ -156,6 +207,7 @@ class GatedSender(Sender):
         message_id = self.inner.send(message)
         if message.message_key == self.settings.get("gate_key"):
             record(
+                self.settings,
                 "INSERT INTO e2e_obx_events (run_id, what, detail) VALUES (%s, %s, %s)",
                 self.settings["run_id"],
                 "relay-sent",
@@ -174,7 +226,7 @@ def main() -> None:
     relay = None
     if role == "downstream":
         config = DedupConfig.enable_dedup_consume_config(
-            f"e2e-down-{settings['run_id']}", mysql_connect(), table_name=settings["table"]
+            f"e2e-down-{settings['run_id']}", connect(settings["db"]), table_name=settings["table"]
         )
         listener: Any = Downstream(config, settings)
         stops.append(
@@ -190,11 +242,13 @@ def main() -> None:
         producer = Producer(client, (settings["out_topic"],))
         if role == "upstream":
             config = DedupConfig.enable_dedup_consume_config(
-                f"e2e-up-{settings['run_id']}", mysql_connect(), table_name=settings["table"]
+                f"e2e-up-{settings['run_id']}",
+                connect(settings["db"]),
+                table_name=settings["table"],
             )
             outbox = Outbox(config)  # its relay is woken by the listener's commits
         else:
-            outbox = Outbox(MySQLDedupStore(mysql_connect(), settings["table"]))
+            outbox = Outbox(store(settings["db"], settings["table"]))
         if role == "relay" or settings.get("relay"):
             relay = OutboxRelay(
                 outbox,

@@ -296,26 +296,41 @@ def test_a_relay_needs_an_outbox_and_an_outbox_a_store_with_one() -> None:
         Outbox(NoStore(), max_body_bytes=0)
 
 
-def test_an_outbox_on_a_postgresql_store_is_refused_naming_mysql_as_the_only_database_for_now() -> (
-    None
-):
-    """Outbox(config) on a PostgreSQL store (no server needed: nothing connects) raises a
-    DedupConfigError that says only MySQL/MariaDB is supported for now and names PostgreSQL."""
+def test_an_outbox_on_a_postgresql_store_is_its_outbox_tables_without_a_connection() -> None:
+    """Outbox(config) on a PostgreSQL store (no server needed: nothing connects until used) is
+    the store's PostgreSQL outbox, named after the dedup table; the same from the store."""
+    from rocketmq_dedup.stores.postgres.outbox import PostgresOutboxTables
     from tests.support import pg_connect
 
-    config = DedupConfig.enable_dedup_consume_config("app", pg_connect(), check_store=False)
-    with pytest.raises(DedupConfigError) as refused:
+    config = DedupConfig.enable_dedup_consume_config(
+        "app", pg_connect(), table_name="t_orders", check_store=False
+    )
+    outbox = Outbox(config)
+    assert isinstance(outbox.tables, PostgresOutboxTables)
+    assert outbox.name == "t_orders_outbox" and outbox.tables.lane_table == "t_orders_outbox_lane"
+    assert Outbox(config.persist).tables is outbox.tables
+
+
+def test_a_postgresql_table_name_leaving_no_room_for_the_outbox_is_refused_naming_the_limit() -> (
+    None
+):
+    """A dedup table of 47 bytes: <table>_outbox_by_status would pass PostgreSQL's 63; the
+    outbox is refused with the limit (46), and its schema statements are left out."""
+    from rocketmq_dedup.stores.postgres import schema_statements
+    from tests.support import pg_connect
+
+    config = DedupConfig.enable_dedup_consume_config(
+        "app", pg_connect(), table_name="t" * 47, check_store=False
+    )
+    with pytest.raises(DedupConfigError, match="at most 46"):
         Outbox(config)
-    said = str(refused.value)
-    assert "supports only MySQL/MariaDB for now" in said
-    assert "a PostgreSQL store has no outbox tables yet" in said
-    with pytest.raises(DedupConfigError, match="PostgreSQL store has no outbox tables yet"):
-        Outbox(config.persist)
+    assert not any("_outbox" in statement for statement in schema_statements("t" * 47))
+    assert any("_outbox_by_status" in statement for statement in schema_statements("t" * 46))
 
 
 def test_an_outbox_on_a_store_that_is_no_database_is_refused_naming_the_store() -> None:
     """A Redis or memory store cannot hold rows in the handler's transaction: refused, the
-    message naming the store and the one database supported."""
+    message naming the store and the databases supported."""
     config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
-    with pytest.raises(DedupConfigError, match=r"only MySQL/MariaDB for now.*got MemoryDedupStore"):
+    with pytest.raises(DedupConfigError, match=r"or PostgreSQL.*got MemoryDedupStore"):
         Outbox(config)

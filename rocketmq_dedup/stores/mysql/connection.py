@@ -13,18 +13,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.stores.mysql.errors import PARSE_ERROR, error_code
 from rocketmq_dedup.stores.mysql.sql import SESSION_SQL
+from rocketmq_dedup.stores.sql_common import column_text
 
 logger = logging.getLogger(__name__)
 
 _CHARSET = "utf8mb4"
-
-
-def column_text(value: Any) -> Any:
-    """A text column's value as ``str``: drivers asked for ``use_unicode=False`` (or returning
-    binary strings) give bytes."""
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    return value
 
 
 def is_mysqlclient(conn: Any) -> bool:

@@ -332,22 +332,9 @@ OUTBOX_INSERT_SQL = (
 )
 # The relays' connections read committed: no gap locks (a relay never blocks a handler's INSERT).
 RELAY_SESSION_SQL = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
-# A relay's claim. 1. Heads, in one consistent read: each sharding key's first PENDING row (its
-# oldest: the key's rows commit in id order, so a read that sees a row sees every earlier one of
-# its key), if it is due and no row of the key is PARKED (a parked row holds back the rest of
-# its key), and the PENDING rows without a sharding key that are due; in id order.
-OUTBOX_HEADS_SQL = (
-    "SELECT id, lane FROM ("
-    "SELECT o.id, o.lane FROM (SELECT lane, MIN(id) AS id FROM {table} "
-    "WHERE status = 'PENDING' AND lane IS NOT NULL GROUP BY lane) h "
-    f"JOIN {{table}} o ON o.id = h.id WHERE o.due_at <= {NOW_MS} "
-    "AND NOT EXISTS (SELECT 1 FROM {table} p WHERE p.lane = h.lane AND p.status = 'PARKED') "
-    "UNION ALL "
-    "(SELECT id, lane FROM {table} "
-    f"WHERE status = 'PENDING' AND lane IS NULL AND due_at <= {NOW_MS} ORDER BY id LIMIT %s)"
-    ") heads ORDER BY id LIMIT %s"
-)
-# 2. Runs: the PENDING rows that follow a head in its sharding key, in order, with whether each
+# The claim, the settle and the operators' statements are the shared ones
+# (rocketmq_dedup.stores.sql_outbox.portable_statements), with this clock and these below.
+# Runs: the PENDING rows that follow a head in its sharding key, in order, with whether each
 # is sendable now (due): a run is the head and the sendable rows right after it. One index range
 # per key (lane, status, id), UNION ALL'd. (A PARKED row is always its key's first unsent row:
 # only heads are sent, so only heads fail; the rows after a head are all PENDING.)
@@ -355,67 +342,11 @@ OUTBOX_RUN_SQL = (
     f"(SELECT id, lane, due_at <= {NOW_MS} FROM {{table}} "
     "WHERE lane = %s AND status = 'PENDING' AND id > %s ORDER BY id LIMIT %s)"
 )
-# 3. Lock what is still sendable, skipping rows another relay is claiming (in a transaction).
-OUTBOX_LOCK_SQL = (
-    "SELECT id FROM {table} WHERE id IN ({marks}) AND status = 'PENDING' "
-    f"AND due_at <= {NOW_MS} FOR UPDATE SKIP LOCKED"
-)
-# 4. The claim: held for the lease; then the rows to send (and COMMIT).
-OUTBOX_CLAIM_SQL = (
-    f"UPDATE {{table}} SET claimed_by = %s, due_at = {NOW_MS} + %s WHERE id IN ({{marks}})"
-)
-OUTBOX_CLAIMED_SQL = (
-    "SELECT id, topic, tag, message_key, other_keys, properties, body, lane, attempts, "
-    f"{NOW_MS} - failing_since FROM {{table}} WHERE id IN ({{marks}})"
-)
-# After the broker's answers; each changes only rows the claim still holds.
+# SENT, each row with its broker message id; only rows the claim still holds.
 OUTBOX_SENT_SQL = (
     f"UPDATE {{table}} SET status = 'SENT', sent_at = {NOW_MS}, claimed_by = NULL, "
     "attempts = attempts + 1, broker_msg_id = ELT(FIELD(id, {marks}), {marks}) "
     "WHERE id IN ({marks}) AND claimed_by = %s"
-)
-OUTBOX_RETRY_LATER_SQL = (
-    f"UPDATE {{table}} SET claimed_by = NULL, due_at = {NOW_MS} + %s, attempts = attempts + 1, "
-    f"last_error = %s, failing_since = COALESCE(failing_since, {NOW_MS}) "
-    "WHERE id = %s AND claimed_by = %s"
-)
-OUTBOX_PARK_SQL = (
-    "UPDATE {table} SET status = 'PARKED', claimed_by = NULL, attempts = attempts + 1, "
-    f"last_error = %s, failing_since = COALESCE(failing_since, {NOW_MS}) "
-    "WHERE id = %s AND claimed_by = %s"
-)
-OUTBOX_RELEASE_SQL = (
-    f"UPDATE {{table}} SET claimed_by = NULL, due_at = {NOW_MS} + %s "
-    "WHERE id IN ({marks}) AND claimed_by = %s"
-)
-# The backlog: PENDING rows (counted on the (status, id) index), the oldest one's age, PARKED.
-OUTBOX_BACKLOG_SQL = (
-    "SELECT (SELECT COUNT(*) FROM {table} WHERE status = 'PENDING'), "
-    f"(SELECT {NOW_MS} - created_at FROM {{table}} "
-    "WHERE id = (SELECT MIN(id) FROM {table} WHERE status = 'PENDING')), "
-    "(SELECT COUNT(*) FROM {table} WHERE status = 'PARKED')"
-)
-# Operators (rocketmq-dedup outbox ...).
-_OUTBOX_LISTED = (
-    f"id, status, topic, tag, message_key, lane, attempts, {NOW_MS} - created_at, "
-    f"due_at - {NOW_MS}, claimed_by, LENGTH(body), last_error"
-)
-OUTBOX_LIST_SQL = f"SELECT {_OUTBOX_LISTED} FROM {{table}} WHERE id > %s ORDER BY id LIMIT %s"
-OUTBOX_LIST_STATUS_SQL = (
-    f"SELECT {_OUTBOX_LISTED} FROM {{table}} WHERE status = %s AND id > %s ORDER BY id LIMIT %s"
-)
-_OUTBOX_RETRYABLE = "(status = 'PARKED' OR (status = 'PENDING' AND claimed_by IS NULL))"
-OUTBOX_RETRY_SQL = (
-    "UPDATE {table} SET status = 'PENDING', due_at = 0, failing_since = NULL "
-    f"WHERE id IN ({{marks}}) AND {_OUTBOX_RETRYABLE}"
-)
-OUTBOX_RETRY_PARKED_SQL = (
-    "UPDATE {table} SET status = 'PENDING', due_at = 0, failing_since = NULL "
-    "WHERE status = 'PARKED'"
-)
-OUTBOX_DROP_SQL = (
-    f"UPDATE {{table}} SET status = 'DROPPED', sent_at = {NOW_MS} "
-    f"WHERE id IN ({{marks}}) AND {_OUTBOX_RETRYABLE}"
 )
 OUTBOX_PURGE_SQL = (
     "DELETE FROM {table} WHERE status IN ('SENT', 'DROPPED') "

@@ -11,7 +11,7 @@ takeover and the one reported to the caller are the same instant.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from rocketmq_dedup.errors import DedupConfigError
 
@@ -333,6 +333,161 @@ RECORD_READ_SQL = (
 KEY_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s::bigint)"
 
 
+# -- the outbox (rocketmq_dedup.outbox; the port: rocketmq_dedup.stores.outbox) -----------------
+# The claim, the settle and the operators' statements are the shared ones
+# (rocketmq_dedup.stores.sql_outbox.portable_statements), with this clock and those below.
+
+#: The outbox tables are named after the dedup table: ``<table>_outbox`` and
+#: ``<table>_outbox_lane``; its indexes ``<table>_outbox_by_status`` and ``..._by_lane``.
+OUTBOX_TABLE_SUFFIX = "_outbox"
+OUTBOX_LANE_TABLE_SUFFIX = "_outbox_lane"
+OUTBOX_INDEXES = {"_by_status": "status, lane, id", "_by_lane": "lane, status, id"}
+
+# The server's clock in epoch milliseconds (the statement's start), as the outbox's columns hold
+# it: plain numbers an operator reads as MySQL's, and the relays' arithmetic is the same on both.
+NOW_MS = f"floor(extract(epoch FROM {NOW}) * 1000)::bigint"
+
+# One row per message a handler sends (the columns: OUTBOX_COLUMN_COMMENTS). `id` orders a
+# sharding key's rows (taken from the identity's sequence under the key's lock in
+# <table>_outbox_lane, so in commit order). (status, lane, id): the PENDING rows without a
+# sharding key in order, the backlog, the operators' lists; (lane, status, id): each sharding
+# key's first PENDING row, and its next ones.
+OUTBOX_SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  id            bigint        GENERATED ALWAYS AS IDENTITY,
+  status        varchar(8)    NOT NULL,
+  lane          varchar(64),
+  topic         varchar(127)  NOT NULL,
+  tag           varchar(128),
+  message_key   varchar(128)  NOT NULL,
+  other_keys    varchar(2048) NOT NULL DEFAULT '',
+  properties    text,
+  body          bytea         NOT NULL,
+  created_at    bigint        NOT NULL,
+  due_at        bigint        NOT NULL DEFAULT 0,
+  claimed_by    varchar(64),
+  attempts      integer       NOT NULL DEFAULT 0,
+  failing_since bigint,
+  sent_at       bigint,
+  broker_msg_id varchar(128),
+  last_error    varchar(1024),
+  PRIMARY KEY (id)
+)"""
+OUTBOX_INDEX_SQL = "CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns})"
+
+#: The comments of the outbox's columns.
+OUTBOX_COLUMN_COMMENTS = {
+    "id": "orders the rows of a sharding key as their transactions committed",
+    "status": "PENDING, SENT, PARKED or DROPPED",
+    "lane": "the sharding key: rows sent in commit order",
+    "message_key": "the message key, the same on every send",
+    "other_keys": "further keys, space-separated",
+    "properties": "user properties, a JSON object",
+    "created_at": "epoch ms, database server clock",
+    "due_at": "epoch ms: no relay takes it before",
+    "claimed_by": "the relay claim holding it",
+    "attempts": "sends tried",
+    "failing_since": "epoch ms of the first failed send",
+    "sent_at": "epoch ms: sent (or dropped)",
+    "broker_msg_id": "the message id the broker acknowledged",
+}
+
+# A sharding key's lock: a row written with the key's first outbox row, updated by every later
+# one, locked until the handler's transaction ends.
+OUTBOX_LANE_SCHEMA_SQL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+  lane    varchar(64) NOT NULL,
+  used_at bigint      NOT NULL,
+  PRIMARY KEY (lane)
+)"""
+OUTBOX_LANE_COMMENTS = {
+    "lane": "a sharding key",
+    "used_at": "epoch ms of its last outbox row",
+}
+
+# In the handler's transaction, where no statement may fail on purpose (PostgreSQL aborts the
+# whole transaction at a failed statement): the lock first, an upsert that never fails. ON
+# CONFLICT DO UPDATE locks the key's row until the transaction ends, waiting for a transaction
+# that holds it (or is inserting it: its rollback lets this one insert), so a second
+# transaction writing for the same key waits for the first to end, and its row's id is taken
+# from the sequence after the first one's commit. (DO NOTHING would take no lock on a row
+# that exists.) Parameter: the sharding key.
+OUTBOX_LANE_LOCK_SQL = (
+    f"INSERT INTO {{lanes}} (lane, used_at) VALUES (%s, {NOW_MS}) "
+    "ON CONFLICT (lane) DO UPDATE SET used_at = EXCLUDED.used_at"
+)
+# Parameters (lane, topic, tag, message key, other keys, properties, body); one row (id).
+OUTBOX_INSERT_SQL = (
+    "INSERT INTO {table} (status, lane, topic, tag, message_key, other_keys, properties, body, "
+    f"created_at) VALUES ('PENDING', %s, %s, %s, %s, %s, %s, %s, {NOW_MS}) RETURNING id"
+)
+# Runs: for each head (sharding key, head id), the PENDING rows after it in its key, in order,
+# with whether each is due now: one index range per key (lane, status, id), in one statement
+# over arrays. Parameters (lanes, head ids, rows per key).
+OUTBOX_RUN_SQL = (
+    f"SELECT o.id, o.lane, o.due_at <= {NOW_MS} "
+    "FROM unnest(%s::varchar[], %s::bigint[]) AS h(lane, id) CROSS JOIN LATERAL ("
+    "SELECT id, lane, due_at FROM {table} WHERE lane = h.lane AND status = 'PENDING' "
+    "AND id > h.id ORDER BY id LIMIT %s) AS o"
+)
+# SENT, each row with its broker message id; only rows the claim still holds. Parameters (ids,
+# message ids, owner).
+OUTBOX_SENT_SQL = (
+    f"UPDATE {{table}} AS o SET status = 'SENT', sent_at = {NOW_MS}, claimed_by = NULL, "
+    "attempts = o.attempts + 1, broker_msg_id = v.m "
+    "FROM unnest(%s::bigint[], %s::varchar[]) AS v(i, m) "
+    "WHERE o.id = v.i AND o.claimed_by = %s"
+)
+# No DELETE ... LIMIT here: the batch's ids in a subquery, its rows locked (SKIP LOCKED: a row a
+# relay is settling is left to the next batch). Parameters (older than ms, batch size).
+OUTBOX_PURGE_SQL = (
+    "DELETE FROM {table} WHERE id IN (SELECT id FROM {table} "
+    f"WHERE status IN ('SENT', 'DROPPED') AND sent_at <= {NOW_MS} - %s "
+    "LIMIT %s FOR UPDATE SKIP LOCKED)"
+)
+# A sharding key's lock row, unused for the retention and with no unsent row. The DELETE checks
+# used_at itself too, so a row a transaction took meanwhile (used_at updated, the DELETE waiting
+# for it) is read again once that commits, and skipped. Parameters (older than ms, batch size).
+OUTBOX_LANE_PURGE_SQL = (
+    f"WITH p AS (SELECT {NOW_MS} - %s::bigint AS horizon) "
+    "DELETE FROM {lanes} AS d USING p WHERE d.lane IN ("
+    "SELECT l.lane FROM {lanes} AS l, p WHERE l.used_at <= p.horizon AND NOT EXISTS ("
+    "SELECT 1 FROM {table} AS o WHERE o.lane = l.lane AND o.status IN ('PENDING', 'PARKED')) "
+    "LIMIT %s) AND d.used_at <= p.horizon"
+)
+
+
+def outbox_table_names(table_name: str = DEFAULT_TABLE_NAME) -> Optional[Tuple[str, str]]:
+    """The outbox tables of the dedup table ``table_name`` (same schema): the outbox and its
+    sharding-key locks; None when a name of theirs (or of their indexes, the longest
+    ``<table>_outbox_by_status``) would be longer than an identifier may be (a table name over
+    46 bytes: no outbox then)."""
+    name = validate_table_name(table_name)
+    longest = name.split(".")[-1] + OUTBOX_TABLE_SUFFIX + max(OUTBOX_INDEXES, key=len)
+    if len(longest.encode()) > 63:
+        return None
+    return name + OUTBOX_TABLE_SUFFIX, name + OUTBOX_LANE_TABLE_SUFFIX
+
+
+def outbox_schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
+    """The statements that create the outbox's tables, their indexes and comments; empty when
+    the dedup table's name leaves no room for theirs (:func:`outbox_table_names`)."""
+    names = outbox_table_names(table_name)
+    if names is None:
+        return []
+    outbox, lanes = names
+    table = quote_table(outbox)
+    local = outbox.split(".")[-1]
+    return [
+        *_table_statements(outbox, OUTBOX_SCHEMA_SQL, OUTBOX_COLUMN_COMMENTS),
+        *(
+            OUTBOX_INDEX_SQL.format(name=f'"{local}{suffix}"', table=table, columns=columns)
+            for suffix, columns in OUTBOX_INDEXES.items()
+        ),
+        *_table_statements(lanes, OUTBOX_LANE_SCHEMA_SQL, OUTBOX_LANE_COMMENTS),
+    ]
+
+
 def sequence_table_name(table_name: str = DEFAULT_TABLE_NAME) -> Optional[str]:
     """The sequence table of the dedup table ``table_name`` (same schema); None when
     ``<table>_seq`` would be longer than an identifier may be (a table name of 60-63 bytes: the
@@ -359,9 +514,10 @@ def quote_table(table_name: str) -> str:
 def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
     """The statements that create, if they do not exist, every table the store uses (and add
     the columns a dedup table made by an earlier version lacks), and comment their columns: the
-    dedup table, and the exactly-once mode's sequence table when its name fits
-    (:func:`sequence_table_name`; it stays empty unless that mode's ``sequence_key`` is used).
-    What ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
+    dedup table, the exactly-once mode's sequence table when its name fits
+    (:func:`sequence_table_name`; it stays empty unless that mode's ``sequence_key`` is used)
+    and the outbox's two tables when their names fit (:func:`outbox_table_names`; empty unless
+    used). What ``create_table()`` runs and ``rocketmq-dedup schema postgres`` prints."""
     table = quote_table(validate_table_name(table_name))
     # A table made before FAILED records gets their reason's column (CREATE TABLE IF NOT EXISTS
     # adds none to an existing table).
@@ -371,7 +527,7 @@ def schema_statements(table_name: str = DEFAULT_TABLE_NAME) -> List[str]:
     sequence = sequence_table_name(table_name)
     if sequence is not None:
         statements += _table_statements(sequence, SEQUENCE_SCHEMA_SQL, SEQUENCE_COLUMN_COMMENTS)
-    return statements
+    return statements + outbox_schema_statements(table_name)
 
 
 def _table_statements(name: str, schema: str, comments: Dict[str, str]) -> List[str]:

@@ -44,6 +44,7 @@ from rocketmq_dedup.stores.postgres.connections import (
     type_name,
 )
 from rocketmq_dedup.stores.postgres.errors import PRIVILEGES, explain, refusal
+from rocketmq_dedup.stores.postgres.outbox import PostgresOutboxTables
 from rocketmq_dedup.stores.postgres.purge import PostgresPurgeSession, purge_step
 from rocketmq_dedup.stores.postgres.records import (
     claim_columns,
@@ -79,6 +80,7 @@ from rocketmq_dedup.stores.postgres.sql import (
     STATS_SQL,
     USER_SQL,
     VERSION_SQL,
+    outbox_table_names,
     quote_table,
     schema_statements,
     sequence_table_name,
@@ -301,6 +303,7 @@ class PostgresDedupStore(PostgresBoundary, SqlTables, DedupStore):
         #: pool (opened on first use), so a transaction held for a whole handler never starves
         #: claims, marks and lease renewal; on a psycopg_pool pool or an engine, theirs.
         self.transactions: PostgresTransactions = transactions
+        self._outbox: Optional[PostgresOutboxTables] = None
         self._run = self.connections.run
         self._sql: Dict[str, str] = {
             name: sql.format(table=table)
@@ -364,23 +367,47 @@ class PostgresDedupStore(PostgresBoundary, SqlTables, DedupStore):
         application's ``psycopg_pool`` pool it borrows from."""
         return self.connections.pool
 
+    @property
+    def outbox(self) -> PostgresOutboxTables:
+        """The outbox's tables (``<table>_outbox``, :mod:`.outbox`), with their own small pool
+        of the source's connections (opened on first use). Raises :class:`DedupConfigError`
+        when the table name leaves no room for their names (over 46 bytes)."""
+        if self._outbox is None:
+            self._outbox = PostgresOutboxTables(
+                self._open_runner,
+                self.table_name,
+                float(getattr(self.pool, "timeout", None) or DEFAULT_POOL_TIMEOUT),
+                self.describe,
+                self.wrap_error,
+            )
+        return self._outbox
+
     def close(self) -> None:
         """Close the connections the store opened (busy ones when their operation ends); an
         application's psycopg_pool pool is left alone. The store stays usable."""
         self.connections.close()
         self.transactions.close()
+        if self._outbox is not None:
+            self._outbox.close()
 
     # -- operator API --------------------------------------------------------------------
 
     def create_table(self) -> None:
         """Create, if they do not exist (idempotent), every table the store uses, with their
         column comments (:func:`~rocketmq_dedup.stores.postgres.sql.schema_statements`): the
-        dedup table, and the exactly-once mode's sequence table (``<table>_seq``; see
+        dedup table, the exactly-once mode's sequence table (``<table>_seq``; see
         :mod:`rocketmq_dedup.transactional`), which stays empty unless that mode's
-        ``sequence_key`` is used. A start-up check that ran before the table existed proves
-        the writes here."""
+        ``sequence_key`` is used, and the outbox's (``<table>_outbox``, ``<table>_outbox_lane``;
+        see :mod:`rocketmq_dedup.outbox`), empty unless used. A start-up check that ran before
+        the table existed proves the writes here."""
         for statement in schema_statements(self.table_name):
             self._call(self._run, Runner.count, statement, ())
+        if outbox_table_names(self.table_name) is None:
+            logger.warning(
+                "%s: no outbox tables (%s_outbox_by_status would be longer than 63 bytes)",
+                self._description,
+                self.table_name,
+            )
         self.tables_created()
 
     def purge_expired(

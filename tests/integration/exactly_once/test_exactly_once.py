@@ -537,8 +537,8 @@ def test_a_message_without_a_key_still_runs_in_a_transaction(
 
 
 def test_create_table_creates_every_table_idempotently(client: Any, db: Database) -> None:
-    """create_table() twice: the dedup and the sequence table exist (and on MySQL the outbox's
-    tables), nothing fails."""
+    """create_table() twice: the dedup, the sequence and the outbox's two tables exist, nothing
+    fails."""
     name = unique("t_eo_tables")
     config = make_config(client, name)
     query = (
@@ -551,9 +551,8 @@ def test_create_table_creates_every_table_idempotently(client: Any, db: Database
         assert isinstance(config.persist, SQL_STORES)
         config.persist.create_table()
         config.persist.create_table()
-        outbox = set() if db is POSTGRES_DB else {name + "_outbox", name + "_outbox_lane"}
         tables = {str(t) for (t,) in db.sql(query, (name + "%",))}
-        assert tables == {name, name + "_seq", *outbox}
+        assert tables == {name, name + "_seq", name + "_outbox", name + "_outbox_lane"}
     finally:
         config.close()
         db.drop(name, f"{name}_seq", f"{name}_outbox", f"{name}_outbox_lane")
@@ -570,8 +569,9 @@ def test_schema_mysql_prints_every_table(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_schema_postgres_prints_every_table(capsys: pytest.CaptureFixture[str]) -> None:
-    """The CLI's schema postgres prints the dedup table and its sequence table, with their
-    column comments; the statements run as printed create both (on a table of its own)."""
+    """The CLI's schema postgres prints the dedup table, its sequence table and the outbox's
+    two, with their column comments; the statements run as printed create them all (on a table
+    of its own)."""
     from rocketmq_dedup.cli import main
 
     name = unique("t_eo_printed")
@@ -580,6 +580,9 @@ def test_schema_postgres_prints_every_table(capsys: pytest.CaptureFixture[str]) 
     assert f'CREATE TABLE IF NOT EXISTS "{name}" (' in out
     assert f'CREATE TABLE IF NOT EXISTS "{name}_seq" (' in out
     assert f'COMMENT ON COLUMN "{name}_seq".last_seq IS' in out
+    assert f'CREATE TABLE IF NOT EXISTS "{name}_outbox" (' in out
+    assert f'CREATE TABLE IF NOT EXISTS "{name}_outbox_lane" (' in out
+    assert f'COMMENT ON COLUMN "{name}_outbox".due_at IS' in out
     try:
         for statement in out.split(";\n"):
             if statement.strip():
@@ -587,9 +590,10 @@ def test_schema_postgres_prints_every_table(capsys: pytest.CaptureFixture[str]) 
         rows = POSTGRES_DB.sql(
             "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (name + "%",)
         )
-        assert {str(t) for (t,) in rows} == {name, name + "_seq"}
+        outbox = {name + "_outbox", name + "_outbox_lane"}
+        assert {str(t) for (t,) in rows} == {name, name + "_seq", *outbox}
     finally:
-        POSTGRES_DB.drop(name, f"{name}_seq")
+        POSTGRES_DB.drop(name, f"{name}_seq", f"{name}_outbox", f"{name}_outbox_lane")
 
 
 def test_an_engine_makes_the_mysql_store() -> None:

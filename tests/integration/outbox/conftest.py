@@ -1,6 +1,7 @@
-"""Fixtures of the outbox's integration tests: a dedup table (and its outbox) per module, every
-MySQL driver of the exactly-once mode, a business table per test. Real MariaDB; the broker is
-the e2e tests' (tests/e2e/test_e2e_outbox.py)."""
+"""Fixtures of the outbox's integration tests: each test on every database the outbox runs on
+(``backend``: MariaDB and PostgreSQL, the real servers), a dedup table (and its outbox) per
+test, every driver of the exactly-once mode, a business table per test. The broker is the e2e
+tests' (tests/e2e/test_e2e_outbox.py)."""
 
 from __future__ import annotations
 
@@ -10,41 +11,35 @@ import pytest
 
 from rocketmq_dedup import DedupConfig
 from rocketmq_dedup.outbox import Outbox
-from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from tests.integration.exactly_once.support import (
-    MYSQL_DRIVERS,
-    EffectTable,
-    dispose,
-    make_client,
-    make_config,
-    unique,
-)
-from tests.integration.outbox.support import drop_tables
-from tests.support import mysql_connect
+from tests.integration.exactly_once.support import DRIVERS, EffectTable, make_config
+from tests.integration.outbox.support import BACKENDS, Backend, create_tables, drop_tables
+
+
+@pytest.fixture(params=BACKENDS, ids=repr)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """Every database the outbox runs on."""
+    return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture
-def table() -> Iterator[str]:
+def table(backend: Backend) -> Iterator[str]:
     """A dedup table of its own, with its outbox tables; dropped at the end."""
-    name = unique("t_obx")
-    MySQLDedupStore(mysql_connect(), name).create_table()
+    name = create_tables(backend)
     yield name
-    drop_tables(name)
+    drop_tables(backend.db, name)
 
 
-@pytest.fixture(params=MYSQL_DRIVERS)
+@pytest.fixture(params=DRIVERS)
 def driver(request: pytest.FixtureRequest) -> str:
-    """Every MySQL driver of the exactly-once mode (the outbox is on MySQL/MariaDB only for now:
-    PostgreSQL's refusal is test_outbox_postgres.py's)."""
+    """Every driver of the exactly-once mode, MySQL's and PostgreSQL's."""
     return str(request.param)
 
 
 @pytest.fixture
-def client() -> Iterator[Any]:
-    """A mysqlclient connection factory (the tests that need every driver take ``driver``)."""
-    client = make_client("mysqlclient")
-    yield client
-    dispose(client)
+def client(backend: Backend) -> Any:
+    """A connection factory of the database (the tests that need every driver take
+    ``driver``)."""
+    return backend.client()
 
 
 @pytest.fixture
@@ -60,7 +55,7 @@ def outbox(config: DedupConfig) -> Outbox:
 
 
 @pytest.fixture
-def effects() -> Iterator[EffectTable]:
-    effects = EffectTable()
+def effects(backend: Backend) -> Iterator[EffectTable]:
+    effects = EffectTable(backend.db)
     yield effects
     effects.drop()

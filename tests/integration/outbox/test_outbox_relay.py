@@ -1,11 +1,10 @@
-"""The relays against real MariaDB, with a sender that records what it would have sent (the
-broker's side: tests/e2e/test_e2e_outbox.py): several relays share the work and send each row
-once; a sharding key's rows go out in commit order; each fault does what the relay module
-says; metrics; the purge."""
+"""The relays against real MariaDB and PostgreSQL, with a sender that records what it would have
+sent (the broker's side: tests/e2e/test_e2e_outbox.py): several relays share the work and send
+each row once; a sharding key's rows go out in commit order; each fault does what the relay
+module says; metrics; the purge."""
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
 import time
@@ -13,16 +12,12 @@ import uuid
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterator, List, Optional
 
-import MySQLdb
 import pytest
 
 from rocketmq_dedup.outbox import FailureKind, Outbox, OutboxMessage, OutboxRelay, SendFailure
 from rocketmq_dedup.outbox import relay as relay_module
-from rocketmq_dedup.stores.mysql import MySQLDedupStore
-from rocketmq_dedup.stores.mysql.outbox import MySQLOutboxTables
-from tests.integration.exactly_once.support import sql
-from tests.integration.outbox.support import RecordingSender, outbox_rows
-from tests.support import MYSQL, mysql_connect, wait_for
+from tests.integration.outbox.support import Backend, RecordingSender, backend_of, outbox_rows
+from tests.support import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -40,9 +35,8 @@ def write(
     body: Optional[bytes] = None,
 ) -> None:
     """One row, committed."""
-    conn = mysql_connect()()
+    conn = backend_of(outbox).connect()
     try:
-        conn.autocommit(False)
         outbox.send(conn, topic, body or key.encode(), keys=key, sharding_key=sharding_key)
         conn.commit()
     finally:
@@ -55,8 +49,7 @@ def writers(outbox: Outbox, plan: List[Dict[str, Any]], threads: int = 8) -> Non
     lock = threading.Lock()
 
     def work() -> None:
-        conn = mysql_connect()()
-        conn.autocommit(False)
+        conn = backend_of(outbox).connect()
         try:
             while True:
                 with lock:
@@ -103,26 +96,27 @@ def test_several_relays_send_every_row_once(outbox: Outbox, table: str) -> None:
             relay.close()
     counts = Counter(sender.message_keys())
     assert len(counts) == 1200 and set(counts.values()) == {1}
-    assert Counter(status for status, _ in outbox_rows(table).values()) == {"SENT": 1200}
+    assert Counter(status for status, _ in outbox_rows(outbox).values()) == {"SENT": 1200}
 
 
-def test_a_sharding_keys_rows_go_out_in_commit_order(outbox: Outbox, table: str) -> None:
+def test_a_sharding_keys_rows_go_out_in_commit_order(
+    backend: Backend, outbox: Outbox, table: str
+) -> None:
     """Writers send first and only then take a business row lock (after a random pause), so
     without the sharding key's lock the rows' ids would often disagree with the commit order
     the business lock gives; three relays send. Per sharding key, the messages go out in the
     order their transactions committed (the business counter's order), each once."""
     counters = f"{table}_ctr"
-    sql(f"CREATE TABLE {counters} (k VARCHAR(16) PRIMARY KEY, n INT NOT NULL) ENGINE=InnoDB")
+    backend.db.sql(backend.db.counter_table_sql.format(name=counters))
     keys = [f"order-{i}" for i in range(4)]
     for key in keys:
-        sql(f"INSERT INTO {counters} VALUES (%s, 0)", (key,))
+        backend.db.sql(f"INSERT INTO {counters} VALUES (%s, 0)", (key,))
     committed: Dict[str, List[str]] = defaultdict(list)  # sharding key -> tx ids, commit order
     lock = threading.Lock()
     rng = random.Random(7)
 
     def writer(count: int) -> None:
-        conn = mysql_connect()()
-        conn.autocommit(False)
+        conn = backend.connect()
         try:
             for _ in range(count):
                 key = rng.choice(keys)
@@ -130,8 +124,8 @@ def test_a_sharding_keys_rows_go_out_in_commit_order(outbox: Outbox, table: str)
                 outbox.send(conn, "OUT", tx, keys=tx, sharding_key=key)
                 time.sleep(rng.uniform(0, 0.004))
                 cur = conn.cursor()
-                cur.execute(f"UPDATE {counters} SET n = n + 1 WHERE k = %s", (key,))
-                cur.execute(f"SELECT n FROM {counters} WHERE k = %s", (key,))
+                cur.execute(f"UPDATE {counters} SET v = v + 1 WHERE k = %s", (key,))
+                cur.execute(f"SELECT v FROM {counters} WHERE k = %s", (key,))
                 (n,) = cur.fetchone()
                 conn.commit()
                 with lock:  # n follows the commit order of the key's transactions
@@ -155,7 +149,7 @@ def test_a_sharding_keys_rows_go_out_in_commit_order(outbox: Outbox, table: str)
     finally:
         for relay in relays:
             relay.close()
-        sql(f"DROP TABLE {counters}")
+        backend.db.drop(counters)
     sent: Dict[str, List[str]] = defaultdict(list)
     for message, _ in sender.sent:
         assert message.sharding_key is not None
@@ -192,7 +186,7 @@ def test_a_refused_message_is_parked_and_holds_back_only_its_sharding_key(
     try:
         wait_for(lambda: sorted(sender.message_keys()) == ["b1", "free"], timeout=10)
         time.sleep(0.3)
-        rows = outbox_rows(table)
+        rows = outbox_rows(outbox)
         assert rows["a1"] == ("PARKED", 1)
         assert rows["a2"] == ("PENDING", 0) and rows["a3"] == ("PENDING", 0)
         [parked] = outbox.tables.rows(None, 1)
@@ -204,7 +198,7 @@ def test_a_refused_message_is_parked_and_holds_back_only_its_sharding_key(
         assert outbox.tables.retry([parked.id]) == 0  # a DROPPED row stays dropped
     finally:
         relay.close()
-    assert outbox_rows(table)["a1"] == ("DROPPED", 1)
+    assert outbox_rows(outbox)["a1"] == ("DROPPED", 1)
 
 
 def test_a_broker_outage_holds_the_rows_and_loses_none(outbox: Outbox, table: str) -> None:
@@ -225,7 +219,7 @@ def test_a_broker_outage_holds_the_rows_and_loses_none(outbox: Outbox, table: st
     assert Counter(sender.message_keys()) == {f"k{i}": 1 for i in range(40)}
     failed = len(sender.attempts) - len(sender.sent)
     assert 1 <= failed < 40, failed  # paused: the rest of each batch was not tried
-    assert {status for status, _ in outbox_rows(table).values()} == {"SENT"}
+    assert {status for status, _ in outbox_rows(outbox).values()} == {"SENT"}
 
 
 def test_an_unroutable_topic_is_parked_once_other_sends_succeed(outbox: Outbox, table: str) -> None:
@@ -239,8 +233,8 @@ def test_an_unroutable_topic_is_parked_once_other_sends_succeed(outbox: Outbox, 
             write(outbox, f"ok{i}")
             relay.wake()
             time.sleep(0.15)
-        wait_for(lambda: outbox_rows(table)["gone"][0] == "PARKED", timeout=10)
-    status, attempts = outbox_rows(table)["gone"]
+        wait_for(lambda: outbox_rows(outbox)["gone"][0] == "PARKED", timeout=10)
+    status, attempts = outbox_rows(outbox)["gone"]
     assert status == "PARKED" and 3 <= attempts <= 8  # not before the third (timing: a few more)
     assert sorted(sender.message_keys()) == [f"ok{i}" for i in range(6)]
 
@@ -251,8 +245,8 @@ def test_a_row_failing_for_too_long_is_parked(outbox: Outbox, table: str) -> Non
     sender = RecordingSender(refuse_topic("ODD", FailureKind.UNKNOWN))
     write(outbox, "odd", "ODD")
     with OutboxRelay(outbox, sender, poll_interval_s=0.05, give_up_after_s=1.0):
-        wait_for(lambda: outbox_rows(table)["odd"][0] == "PARKED", timeout=10)
-    _, attempts = outbox_rows(table)["odd"]
+        wait_for(lambda: outbox_rows(outbox)["odd"][0] == "PARKED", timeout=10)
+    _, attempts = outbox_rows(outbox)["odd"]
     assert attempts >= 3  # retried with backoff (50-200 ms here) for a second first
     [row] = outbox.tables.rows(None, 1)
     assert row.last_error is not None and "failing for" in row.last_error
@@ -277,7 +271,8 @@ def test_rows_of_a_dead_relay_are_sent_again_after_its_lease_with_the_same_keys(
     outbox.tables.settle("dead-relay", [(dead[0].id, "LATE")], [], [])
     rows = outbox.tables.rows(None, 10)
     assert all(row.status.value == "SENT" for row in rows)
-    assert sql(f"SELECT COUNT(*) FROM {table}_outbox WHERE broker_msg_id = 'LATE'") == [(0,)]
+    late = f"SELECT COUNT(*) FROM {outbox.name} WHERE broker_msg_id = 'LATE'"
+    assert backend_of(outbox).db.sql(late) == [(0,)]
 
 
 def test_a_relay_stops_a_batch_its_lease_cannot_cover(outbox: Outbox, table: str) -> None:
@@ -296,56 +291,45 @@ def test_a_relay_stops_a_batch_its_lease_cannot_cover(outbox: Outbox, table: str
 
 
 class Switch:
-    """A connection factory that connects to MariaDB, or (``down``) to a closed port: a real
-    refused connection, as when the server is away."""
+    """A connection factory that connects to the database, or (``down``) to a closed port: a
+    real refused connection, as when the server is away."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
         self.down = False
-        self.real = mysql_connect()
+        self.real = backend.client()
 
     def __call__(self) -> Any:
         if self.down:
-            return MySQLdb.connect(**{**MYSQL, "port": 1, "connect_timeout": 2})
+            return self.backend.refused()
         return self.real()
 
 
-def kill_sessions(outbox: Outbox) -> None:
-    """Kill the sessions of the relay's connections (the server ends them, as a restart would;
-    nobody else's)."""
-    tables = outbox.tables
-    assert isinstance(tables, MySQLOutboxTables)
-    sessions = [runner.session for runner in tables.pool._live]
-    conn = mysql_connect()()
-    conn.autocommit(True)
-    cur = conn.cursor()
-    for session in sessions:
-        with contextlib.suppress(MySQLdb.OperationalError):  # gone already
-            cur.execute(f"KILL {int(session)}")
-    conn.close()
-
-
 @pytest.fixture
-def switched(table: str) -> Iterator[tuple[Switch, Outbox]]:
-    switch = Switch()
-    store = MySQLDedupStore(switch, table)
+def switched(backend: Backend, table: str) -> Iterator[tuple[Switch, Outbox]]:
+    switch = Switch(backend)
+    store = backend.store(table, switch)
     yield switch, Outbox(store)
     store.close()
 
 
 def test_the_database_going_away_pauses_the_relay_and_loses_nothing(
-    switched: tuple[Switch, Outbox], table: str, caplog: pytest.LogCaptureFixture
+    backend: Backend,
+    switched: tuple[Switch, Outbox],
+    table: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The relay's sessions are killed and no new connection is taken for 1.5 s: the relay
     logs it, pauses and goes on; rows written meanwhile (another connection) are all sent once
     it reconnects."""
     switch, outbox = switched
     sender = RecordingSender()
-    writer = Outbox(MySQLDedupStore(mysql_connect(), table))
+    writer = Outbox(backend.store(table))
     with OutboxRelay(outbox, sender, poll_interval_s=0.05):
         write(writer, "before")
         wait_for(lambda: sender.message_keys() == ["before"], timeout=10)
         switch.down = True
-        kill_sessions(outbox)
+        backend.kill_relay_sessions(outbox)
         for i in range(5):
             write(writer, f"during{i}")
         time.sleep(1.5)
@@ -357,7 +341,7 @@ def test_the_database_going_away_pauses_the_relay_and_loses_nothing(
 
 
 def test_rows_sent_when_the_mark_cannot_be_written_go_again_with_their_keys(
-    switched: tuple[Switch, Outbox], table: str
+    backend: Backend, switched: tuple[Switch, Outbox], table: str
 ) -> None:
     """The database goes away between the broker's acknowledgement and the mark, for longer
     than the lease: the rows stay claimed, and once the lease ended they are sent again with
@@ -369,17 +353,17 @@ def test_rows_sent_when_the_mark_cannot_be_written_go_again_with_their_keys(
         if message.message_key == "k1" and not cut_once.is_set():
             cut_once.set()
             switch.down = True
-            kill_sessions(outbox)
+            backend.kill_relay_sessions(outbox)
             threading.Timer(1.6, lambda: setattr(switch, "down", False)).start()
 
     sender = RecordingSender(cut)
     for i in range(3):
-        write(Outbox(MySQLDedupStore(mysql_connect(), table)), f"k{i}")
+        write(Outbox(backend.store(table)), f"k{i}")
     with OutboxRelay(outbox, sender, concurrency=1, lease_s=1.0, poll_interval_s=0.05):
         wait_for(
             lambda: (
-                outbox_rows(table)
-                and all(status == "SENT" for status, _ in outbox_rows(table).values())
+                outbox_rows(outbox)
+                and all(status == "SENT" for status, _ in outbox_rows(outbox).values())
             ),
             timeout=30,
         )
@@ -452,6 +436,7 @@ def test_purge_deletes_sent_and_dropped_rows_past_the_retention(outbox: Outbox, 
     assert outbox.tables.purge(3_600_000) == 0
     time.sleep(0.01)
     assert outbox.tables.purge(0, batch_size=1) == 1
-    assert set(outbox_rows(table)) == {"parked", "pending"}
-    lanes = {str(lane) for (lane,) in sql(f"SELECT lane FROM {table}_outbox_lane")}
+    assert set(outbox_rows(outbox)) == {"parked", "pending"}
+    lane_rows = backend_of(outbox).db.sql(f"SELECT lane FROM {table}_outbox_lane")
+    lanes = {str(lane) for (lane,) in lane_rows}
     assert lanes == {"stuck"}
