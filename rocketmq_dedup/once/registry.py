@@ -7,14 +7,21 @@ import threading
 from typing import Any, Callable, Dict, Optional, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError
-from rocketmq_dedup.once.call import CALL_HOOKS
-from rocketmq_dedup.once.strategy import AsyncCallStrategy, CallStrategy, CallTransactionStrategy
+from rocketmq_dedup.once.call import ASYNC_CALL_HOOKS, CALL_HOOKS
+from rocketmq_dedup.once.strategy import (
+    AsyncCallStrategy,
+    AsyncCallTransactionStrategy,
+    CallStrategy,
+    CallTransactionStrategy,
+)
+from rocketmq_dedup.stores.transaction import AsyncTransactionSource
 from rocketmq_dedup.strategy import refuse_async_store
 from rocketmq_dedup.strategy.exactly_once import transactions_of
 
 _LOCK = threading.Lock()
 S = TypeVar("S")
 PLAIN, EXACTLY_ONCE, ASYNC = "plain", "exactly_once", "asyncio"
+ASYNC_EXACTLY_ONCE = "asyncio_exactly_once"
 
 
 def _strategies(config: Any) -> Any:
@@ -77,3 +84,31 @@ def async_strategy(config: Any) -> Optional[AsyncCallStrategy]:
             "store would block the event loop; use the sync form, or an asyncio client"
         )
     return _made(strategies, ASYNC, lambda: AsyncCallStrategy(config, CALL_HOOKS))
+
+
+def async_transaction_strategy(config: Any) -> AsyncCallTransactionStrategy:
+    """The config's exactly-once call strategy for an ``async def``; :class:`DedupConfigError`
+    unless its store is an asyncio store with transactions (PostgreSQL on psycopg's async
+    API; asyncio MySQL has none yet)."""
+    strategies = _strategies(config)
+    store = config.async_store if config.enabled else None
+    transactions = getattr(store, "transactions", None)
+    if not isinstance(transactions, AsyncTransactionSource):
+        if not config.enabled:
+            got = "dedup disabled"
+        elif store is None:
+            got = f"the sync store {config.store!r} (it would block the event loop)"
+        else:
+            got = repr(store)
+        raise DedupConfigError(
+            "exactly_once over an async def needs a DedupConfig with dedup enabled on "
+            "PostgreSQL through psycopg's async API (functools.partial(psycopg.AsyncConnection."
+            "connect, dsn) or a psycopg_pool.AsyncConnectionPool); asyncio MySQL (asyncmy, "
+            "aiomysql) and Redis have no exactly-once transactions: use a def on a MySQL "
+            f"connection factory, or PostgreSQL's async API; got {got}"
+        )
+    return _made(
+        strategies,
+        ASYNC_EXACTLY_ONCE,
+        lambda: AsyncCallTransactionStrategy(config, ASYNC_CALL_HOOKS, transactions),
+    )
