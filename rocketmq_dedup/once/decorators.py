@@ -181,9 +181,10 @@ def exactly_once(
 
     Over an ``async def fn(conn, ...)`` the call is awaited, with the same decisions and
     answers, on the config's asyncio store: PostgreSQL through psycopg's async API (``conn`` is
-    the transaction's ``psycopg.AsyncConnection``; every statement awaited, never blocking the
-    event loop); another store raises :class:`~rocketmq_dedup.errors.DedupConfigError` when
-    the function is decorated. A cancelled call rolls back (unless its COMMIT was sent).
+    the transaction's ``psycopg.AsyncConnection``) or MySQL/MariaDB through asyncmy (its
+    connection); every statement awaited, never blocking the event loop. Another store raises
+    :class:`~rocketmq_dedup.errors.DedupConfigError` when the function is decorated. A
+    cancelled call rolls back (unless its COMMIT was sent).
     """
     if not callable(key):
         raise DedupConfigError(
@@ -235,7 +236,7 @@ def _exactly_once_async(
     wait_ms: Optional[int],
 ) -> Callable[..., Awaitable[Any]]:
     """:func:`exactly_once` of an ``async def``: the same decisions, awaited, in a transaction
-    of the config's asyncio store (PostgreSQL on psycopg's async API)."""
+    of the config's asyncio store (PostgreSQL on psycopg's async API, MySQL on asyncmy)."""
     strategy = async_transaction_strategy(config)  # refused now, not at the first call
 
     @functools.wraps(fn)

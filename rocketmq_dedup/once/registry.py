@@ -89,7 +89,7 @@ def async_strategy(config: Any) -> Optional[AsyncCallStrategy]:
 def async_transaction_strategy(config: Any) -> AsyncCallTransactionStrategy:
     """The config's exactly-once call strategy for an ``async def``; :class:`DedupConfigError`
     unless its store is an asyncio store with transactions (PostgreSQL on psycopg's async
-    API; asyncio MySQL has none yet)."""
+    API, MySQL/MariaDB on asyncmy)."""
     strategies = _strategies(config)
     store = config.async_store if config.enabled else None
     transactions = getattr(store, "transactions", None)
@@ -101,11 +101,11 @@ def async_transaction_strategy(config: Any) -> AsyncCallTransactionStrategy:
         else:
             got = repr(store)
         raise DedupConfigError(
-            "exactly_once over an async def needs a DedupConfig with dedup enabled on "
-            "PostgreSQL through psycopg's async API (functools.partial(psycopg.AsyncConnection."
-            "connect, dsn) or a psycopg_pool.AsyncConnectionPool); asyncio MySQL (asyncmy, "
-            "aiomysql) and Redis have no exactly-once transactions: use a def on a MySQL "
-            f"connection factory, or PostgreSQL's async API; got {got}"
+            "exactly_once over an async def needs a DedupConfig with dedup enabled on an "
+            "asyncio SQL store: PostgreSQL through psycopg's async API (functools.partial("
+            "psycopg.AsyncConnection.connect, dsn) or a psycopg_pool.AsyncConnectionPool) or "
+            "MySQL/MariaDB through asyncmy (functools.partial(asyncmy.connect, ...)); Redis and "
+            f"the memory store have no transactions; got {got}"
         )
     return _made(
         strategies,

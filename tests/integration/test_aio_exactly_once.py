@@ -9,9 +9,10 @@ import asyncio
 import functools
 import logging
 import uuid
-from typing import Any, Awaitable, Callable, Iterator, List, Tuple
+from typing import Any, Awaitable, Callable, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
+import asyncmy
 import psycopg
 import psycopg_pool
 import pytest
@@ -27,11 +28,11 @@ from rocketmq_dedup import (
 )
 from rocketmq_dedup.message import DedupElement
 from tests.aio_support import DelayProxy
-from tests.support import PG_DSN
+from tests.support import MYSQL, PG_DSN, sql
 
-#: The asyncio sources of the PostgreSQL store: a factory of AsyncConnection (the store's own
-#: pools), an application's AsyncConnectionPool.
-SOURCES = ["factory", "pool"]
+#: The asyncio sources: PostgreSQL through a factory of AsyncConnection (the store's own pools)
+#: or an application's AsyncConnectionPool; MariaDB through asyncmy.
+SOURCES = ["postgres", "postgres_pool", "mariadb"]
 EFFECTS = f"aioeo_effects_{uuid.uuid4().hex[:8]}"
 
 
@@ -39,43 +40,65 @@ def run(work: Callable[[], Awaitable[Any]], debug: bool = False) -> Any:
     return asyncio.run(work(), debug=debug)
 
 
+def on_postgres(statement: str, *params: Any) -> List[Any]:
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        cursor = conn.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
+
+
 @pytest.fixture(scope="module")
 def table() -> Iterator[str]:
-    """A fresh dedup table and an effects table (the functions' writes) for the module."""
+    """A fresh dedup table name and an effects table (the functions' writes) on both servers."""
     name = f"aioeo_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {EFFECTS} (k text NOT NULL, v text)")
+    on_postgres(f"CREATE TABLE {EFFECTS} (k text NOT NULL, v text)")
+    sql(f"CREATE TABLE {EFFECTS} (k varchar(64) NOT NULL, v varchar(64)) ENGINE=InnoDB")
     yield name
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        conn.execute(f"DROP TABLE {EFFECTS}")
-        conn.execute(f"DROP TABLE {name}")
+    for drop in (f"DROP TABLE {EFFECTS}", f"DROP TABLE IF EXISTS {name}"):
+        on_postgres(drop)
+        sql(drop)
 
 
 def effects(key: str) -> List[str]:
-    """The committed rows the functions wrote for ``key`` (read by another session)."""
-    with psycopg.connect(PG_DSN, autocommit=True) as conn:
-        rows = conn.execute(f"SELECT v FROM {EFFECTS} WHERE k = %s", (key,)).fetchall()
-    return [v for (v,) in rows]
+    """The committed rows the functions wrote for ``key`` on either server (read by another
+    session; a key is written on one server only)."""
+    query = f"SELECT v FROM {EFFECTS} WHERE k = %s"
+    return [v for (v,) in [*on_postgres(query, key), *sql(query, key)]]
 
 
 async def write(conn: Any, key: str, value: str = "paid") -> None:
-    await conn.execute(f"INSERT INTO {EFFECTS} (k, v) VALUES (%s, %s)", (key, value))
+    """The function's write through its ``conn`` (psycopg's or asyncmy's)."""
+    async with conn.cursor() as cursor:
+        await cursor.execute(f"INSERT INTO {EFFECTS} (k, v) VALUES (%s, %s)", (key, value))
 
 
 Made = Tuple[DedupConfig, Callable[[], Awaitable[None]]]
 
 
 async def make_config(
-    source: str, table: str, dsn: str = PG_DSN, app: str = "", **settings: Any
+    source: str, table: str, where: Optional[Tuple[str, int]] = None, app: str = "", **settings: Any
 ) -> Made:
-    """A config on the asyncio PostgreSQL store (``source``), its table made; and its close."""
+    """A config on the asyncio store of ``source`` (at ``where``: host and port, default the
+    shared server), its table made; and its close."""
     pool = None
     client: Any
-    if source == "factory":
-        client = functools.partial(psycopg.AsyncConnection.connect, dsn)
+    if source == "mariadb":
+        host, port = where or (MYSQL["host"], MYSQL["port"])
+        params = {k: v for k, v in MYSQL.items() if k not in ("database", "host", "port")}
+        client = functools.partial(
+            asyncmy.connect, db=MYSQL["database"], host=host, port=port, **params
+        )
     else:
-        pool = client = psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=16, open=False)
-        await pool.open()
+        dsn = PG_DSN
+        if where is not None:
+            parts = urlsplit(PG_DSN)
+            netloc = f"{parts.username}:{parts.password}@{where[0]}:{where[1]}"
+            dsn = parts._replace(netloc=netloc).geturl()
+        if source == "postgres":
+            client = functools.partial(psycopg.AsyncConnection.connect, dsn)
+        else:
+            pool = psycopg_pool.AsyncConnectionPool(dsn, min_size=1, max_size=16, open=False)
+            client = pool
+            await pool.open()
     config = DedupConfig.enable_dedup_consume_config(
         app or f"app-{uuid.uuid4().hex[:12]}", client, table_name=table, **settings
     )
@@ -331,16 +354,23 @@ def test_a_cancelled_call_rolls_back_and_a_later_call_runs(
     assert effects(key) == ["second"]
 
 
-def test_an_async_def_on_a_store_without_asyncio_transactions_is_refused(table: str) -> None:
+def test_an_async_def_on_a_store_without_asyncio_transactions_is_refused() -> None:
     """exactly_once over an async def on a config of a sync store, or of an asyncio store with
-    no transactions (Redis): DedupConfigError naming what is supported, when decorated."""
+    no transactions (redis.asyncio): DedupConfigError naming what is supported, when
+    decorated."""
+    import redis.asyncio
+
     from rocketmq_dedup import MemoryDedupStore
 
     async def pay(conn: Any, order: str) -> None:
         pass
 
     config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
-    with pytest.raises(DedupConfigError, match=r"psycopg's async API.*sync store"):
+    with pytest.raises(DedupConfigError, match=r"psycopg's async API.*asyncmy.*sync store"):
+        exactly_once(config, key=lambda order: order)(pay)
+    client = redis.asyncio.Redis(port=1)  # never connected: refused before any I/O
+    config = DedupConfig.enable_dedup_consume_config("app", client)
+    with pytest.raises(DedupConfigError, match=r"asyncio SQL store.*AsyncRedisDedupStore"):
         exactly_once(config, key=lambda order: order)(pay)
 
 
@@ -351,27 +381,31 @@ SLOW = 0.08  # asyncio's slow-callback threshold for these runs
 
 
 @pytest.fixture
-def slow_postgres() -> Iterator[str]:
-    """The shared PostgreSQL behind a proxy that holds each chunk 100 ms: its DSN."""
-    where = urlsplit(PG_DSN)
-    proxy = DelayProxy((where.hostname or "127.0.0.1", where.port or 5432), DELAY)
-    netloc = f"{where.username}:{where.password}@127.0.0.1:{proxy.port}"
-    yield where._replace(netloc=netloc).geturl()
+def slow_server(source: str) -> Iterator[Tuple[str, int]]:
+    """The source's shared server behind a proxy that holds each chunk 100 ms: its address."""
+    if source == "mariadb":
+        target = (str(MYSQL["host"]), int(MYSQL["port"]))
+    else:
+        parts = urlsplit(PG_DSN)
+        target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+    proxy = DelayProxy(target, DELAY)
+    yield "127.0.0.1", proxy.port
     proxy.close()
 
 
 def slow_callbacks(
     workload: Callable[[DedupConfig, str], Awaitable[None]],
-    dsn: str,
+    source: str,
+    where: Tuple[str, int],
     table: str,
     caplog: pytest.LogCaptureFixture,
 ) -> List[str]:
-    """Run ``workload`` on a debug-mode loop, on a config whose PostgreSQL is ``dsn``; the slow
+    """Run ``workload`` on a debug-mode loop, on a config of ``source`` at ``where``; the slow
     callbacks asyncio logged."""
 
     async def work() -> None:
         asyncio.get_running_loop().slow_callback_duration = SLOW
-        config, close = await make_config("factory", table, dsn=dsn)
+        config, close = await make_config(source, table, where=where)
         try:
             await workload(config, f"order-{uuid.uuid4().hex[:12]}")
         finally:
@@ -383,9 +417,9 @@ def slow_callbacks(
 
 
 def test_exactly_once_calls_never_block_the_event_loop(
-    slow_postgres: str, table: str, caplog: pytest.LogCaptureFixture
+    source: str, slow_server: Tuple[str, int], table: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On a PostgreSQL 100 ms away each way, asyncio's debug mode (slow callbacks over 80 ms
+    """On a server 100 ms away each way, asyncio's debug mode (slow callbacks over 80 ms
     logged) finds none in a run of fresh calls, duplicates, a failure and concurrent copies."""
 
     async def workload(config: DedupConfig, key: str) -> None:
@@ -405,22 +439,25 @@ def test_exactly_once_calls_never_block_the_event_loop(
         )
         assert sum(answer is None for answer in answers) == 2
 
-    assert slow_callbacks(workload, slow_postgres, table, caplog) == []
+    assert slow_callbacks(workload, source, slow_server, table, caplog) == []
 
 
+@pytest.mark.parametrize("source", ["postgres"])
 def test_the_check_catches_a_call_that_blocks_the_event_loop(
-    slow_postgres: str, table: str, caplog: pytest.LogCaptureFixture
+    source: str, slow_server: Tuple[str, int], table: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The same check on a sync exactly_once call made on the loop (its transaction waits for
     the slow server by blocking) logs slow callbacks: the check above can fail."""
+    parts = urlsplit(PG_DSN)
+    netloc = f"{parts.username}:{parts.password}@{slow_server[0]}:{slow_server[1]}"
+    slow_dsn = parts._replace(netloc=netloc).geturl()
 
     async def workload(config: DedupConfig, key: str) -> None:
         from rocketmq_dedup.stores.postgres import PostgresDedupStore
         from tests.support import pg_connect
 
         sync_config = DedupConfig.enable_dedup_consume_config(
-            config.application_name,
-            PostgresDedupStore(pg_connect(slow_postgres), table),
+            config.application_name, PostgresDedupStore(pg_connect(slow_dsn), table)
         )
 
         @exactly_once(sync_config, key=lambda order: order)
@@ -430,5 +467,5 @@ def test_the_check_catches_a_call_that_blocks_the_event_loop(
         pay(key)
         sync_config.close()
 
-    slow = slow_callbacks(workload, slow_postgres, table, caplog)
+    slow = slow_callbacks(workload, source, slow_server, table, caplog)
     assert slow, "a call that blocks the loop went unnoticed"
