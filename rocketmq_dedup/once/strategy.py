@@ -312,7 +312,7 @@ class AsyncCallTransactionStrategy(CallTransactionDecisions):
         function], the function, the record with the COMMIT."""
         element = delivery.element
         if element is not None and snap.exactly_once_claim is ExactlyOnceClaim.BEFORE_HANDLER:
-            key = await tx.claim_key(element, None)
+            key = await tx.claim_key(element)
             if not key.taken:
                 return self._duplicate(delivery, DedupStatus.CONSUMING, snap)
             if key.record is not None:

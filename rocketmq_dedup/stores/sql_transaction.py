@@ -214,16 +214,12 @@ class AsyncSqlTransaction(SqlTransactionRules, AsyncTransaction):
     :class:`SqlTransaction` (shared: :class:`SqlTransactionRules`), each step awaited."""
 
     @abc.abstractmethod
-    async def _claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
+    async def _claim_key(self, element: DedupElement) -> KeyClaim:
         """:meth:`AsyncTransaction.claim_key`'s statements."""
 
     @abc.abstractmethod
     async def _commit_record(
-        self,
-        element: DedupElement,
-        owner: str,
-        retention_ms: int,
-        applied: Optional[SequenceStep],
+        self, element: DedupElement, owner: str, retention_ms: int
     ) -> Optional[Record]:
         """:meth:`SqlTransaction._commit_record`, awaited."""
 
@@ -245,8 +241,8 @@ class AsyncSqlTransaction(SqlTransactionRules, AsyncTransaction):
 
     # -- the port ------------------------------------------------------------------------------
 
-    async def claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
-        return await self._io(self._claim_key(element, entity))
+    async def claim_key(self, element: DedupElement) -> KeyClaim:
+        return await self._io(self._claim_key(element))
 
     async def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
         try:
@@ -261,13 +257,9 @@ class AsyncSqlTransaction(SqlTransactionRules, AsyncTransaction):
         return self.misused
 
     async def commit_record(
-        self,
-        element: DedupElement,
-        owner: str,
-        retention_ms: int,
-        applied: Optional[SequenceStep] = None,
+        self, element: DedupElement, owner: str, retention_ms: int
     ) -> Optional[Record]:
-        return await self._io(self._commit_record(element, owner, retention_ms, applied))
+        return await self._io(self._commit_record(element, owner, retention_ms))
 
     async def commit(self) -> None:
         await self._io(self._commit())

@@ -195,8 +195,8 @@ class AsyncTransaction(abc.ABC):
     after_commit: Optional[List[Callable[[], None]]] = None
 
     @abc.abstractmethod
-    async def claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
-        """:meth:`Transaction.claim_key` (``entity`` is always None here)."""
+    async def claim_key(self, element: DedupElement) -> KeyClaim:
+        """:meth:`Transaction.claim_key` without an entity."""
 
     async def before_handler(self) -> None:  # noqa: B027 - optional hook
         """:meth:`Transaction.before_handler`."""
@@ -211,11 +211,7 @@ class AsyncTransaction(abc.ABC):
 
     @abc.abstractmethod
     async def commit_record(
-        self,
-        element: DedupElement,
-        owner: str,
-        retention_ms: int,
-        applied: Optional[SequenceStep] = None,
+        self, element: DedupElement, owner: str, retention_ms: int
     ) -> Optional[Record]:
         """:meth:`Transaction.commit_record`."""
 

@@ -175,8 +175,8 @@ class AsyncFakeTransaction(AsyncTransaction):
         self.tx = tx
         self.conn = tx.conn
 
-    async def claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
-        return self.tx.claim_key(element, entity)
+    async def claim_key(self, element: DedupElement) -> KeyClaim:
+        return self.tx.claim_key(element, None)
 
     async def before_handler(self) -> None:
         self.tx.before_handler()
@@ -189,13 +189,9 @@ class AsyncFakeTransaction(AsyncTransaction):
         return self.tx.misuse()
 
     async def commit_record(
-        self,
-        element: DedupElement,
-        owner: str,
-        retention_ms: int,
-        applied: Optional[SequenceStep] = None,
+        self, element: DedupElement, owner: str, retention_ms: int
     ) -> Optional[Record]:
-        return self.tx.commit_record(element, owner, retention_ms, applied)
+        return self.tx.commit_record(element, owner, retention_ms)
 
     async def commit(self) -> None:
         self.tx.commit()

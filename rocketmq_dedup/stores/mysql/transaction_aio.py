@@ -57,9 +57,7 @@ from rocketmq_dedup.stores.sql_transaction import RECONNECTED, AsyncSqlTransacti
 from rocketmq_dedup.stores.transaction import (
     AsyncTransaction,
     AsyncTransactionSource,
-    Entity,
     KeyClaim,
-    SequenceStep,
 )
 
 
@@ -197,7 +195,7 @@ class AsyncMySQLTransaction(AsyncSqlTransaction):
         await self._run_all(end_statements(end, self._lock))
         self._lock = None
 
-    async def _claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
+    async def _claim_key(self, element: DedupElement) -> KeyClaim:
         """The named lock first; once held, the record (lock before read)."""
         digest = element_digest(element)
         name = lock_name(digest)
@@ -209,11 +207,7 @@ class AsyncMySQLTransaction(AsyncSqlTransaction):
         return KeyClaim(True, live_record(rows, element))
 
     async def _commit_record(
-        self,
-        element: DedupElement,
-        owner: str,
-        retention_ms: int,
-        applied: Optional[SequenceStep],
+        self, element: DedupElement, owner: str, retention_ms: int
     ) -> Optional[Record]:
         """The record, then COMMIT; a record in the way refuses it, an expired one is deleted
         and the record written again (:meth:`~.transaction.MySQLTransaction.

@@ -53,9 +53,7 @@ from rocketmq_dedup.stores.sql_transaction import AsyncSqlTransaction
 from rocketmq_dedup.stores.transaction import (
     AsyncTransaction,
     AsyncTransactionSource,
-    Entity,
     KeyClaim,
-    SequenceStep,
 )
 
 logger = logging.getLogger(__name__)
@@ -222,7 +220,7 @@ class AsyncPostgresTransaction(SessionChecks, AsyncSqlTransaction):
 
     # -- the steps ---------------------------------------------------------------------------------
 
-    async def _claim_key(self, element: DedupElement, entity: Optional[Entity]) -> KeyClaim:
+    async def _claim_key(self, element: DedupElement) -> KeyClaim:
         """The key's try-lock; once taken, its record (lock before read: the port's promise)."""
         digest = element_digest(element)
         cursor = await self._execute(KEY_LOCK_SQL, (lock_key(digest),))
@@ -245,14 +243,10 @@ class AsyncPostgresTransaction(SessionChecks, AsyncSqlTransaction):
             await self._io(self._execute(b"SELECT 1"))
 
     async def _commit_record(
-        self,
-        element: DedupElement,
-        owner: str,
-        retention_ms: int,
-        applied: Optional[SequenceStep],
+        self, element: DedupElement, owner: str, retention_ms: int
     ) -> Optional[Record]:
         """The record, then COMMIT; a refused record rolls back, and the record in the way is
-        read and returned. (``applied``: always None, a call has no sequence step.)"""
+        read and returned."""
         digest = element_digest(element)
         row = claim_row(Claim(element, owner), digest, retention_ms)
         return await self._write_and_commit(self.sql.record, row, digest, element)
