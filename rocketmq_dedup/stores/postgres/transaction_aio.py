@@ -202,15 +202,18 @@ class AsyncPostgresTransaction(SessionChecks, AsyncSqlTransaction):
 
     # -- I/O ---------------------------------------------------------------------------------------
 
-    async def _execute(self, sql: Any, params: Any = None) -> Any:
-        """``sql`` in the transaction, after BEGIN if it has not gone out yet (its own round
-        trip: a simple query of two statements)."""
-        raw = self.lease.raw
+    async def _begun(self) -> None:
+        """BEGIN and the hold, if they have not gone out yet (one round trip: a simple query
+        of two statements)."""
         begin = self._begin
         if begin is not None:
-            await raw.execute(begin)
+            await self.lease.raw.execute(begin)
             self._begin = None
-        return await raw.execute(sql, params)
+
+    async def _execute(self, sql: Any, params: Any = None) -> Any:
+        """``sql`` in the transaction, after BEGIN."""
+        await self._begun()
+        return await self.lease.raw.execute(sql, params)
 
     async def _end(self, sql: bytes) -> str:
         """COMMIT or ROLLBACK; the server's answer (the transaction is over either way)."""
@@ -239,8 +242,7 @@ class AsyncPostgresTransaction(SessionChecks, AsyncSqlTransaction):
 
     async def before_handler(self) -> None:
         """BEGIN (and the hold) if no statement carried them yet."""
-        if self._begin is not None:
-            await self._io(self._execute(b"SELECT 1"))
+        await self._io(self._begun())
 
     async def _commit_record(
         self, element: DedupElement, owner: str, retention_ms: int
@@ -248,14 +250,10 @@ class AsyncPostgresTransaction(SessionChecks, AsyncSqlTransaction):
         """The record, then COMMIT; a refused record rolls back, and the record in the way is
         read and returned."""
         digest = element_digest(element)
-        row = claim_row(Claim(element, owner), digest, retention_ms)
-        return await self._write_and_commit(self.sql.record, row, digest, element)
-
-    async def _write_and_commit(
-        self, sql: str, row: Any, digest: bytes, element: DedupElement
-    ) -> Optional[Record]:
         try:
-            await self._execute(sql, row)
+            await self._execute(
+                self.sql.record, claim_row(Claim(element, owner), digest, retention_ms)
+            )
         except Exception as exc:
             if getattr(exc, "sqlstate", None) != RECORD_REFUSED:
                 raise
