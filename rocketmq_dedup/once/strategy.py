@@ -7,6 +7,11 @@ are the listeners'. What they add is what a call needs that a message does not: 
 kept on the :class:`CallDelivery` (with the store error that made it) for the caller to read,
 the work done between two steps (a ``with`` body) instead of by the strategy, and a bounded wait
 for a key in progress, here or in another process.
+
+Their asyncio twins (an ``async with`` block, an ``async def``): :class:`AsyncCallStrategy` (the
+asyncio listener's steps) and :class:`AsyncCallTransactionStrategy` (the exactly-once steps for
+one call, awaited on the asyncio transaction port, on the same decisions:
+:class:`~rocketmq_dedup.strategy.exactly_once.TransactionDecisions`).
 """
 
 from __future__ import annotations

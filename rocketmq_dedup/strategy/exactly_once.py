@@ -3,7 +3,10 @@ handler's writes and the dedup record commit in one transaction. The I/O is the 
 transaction port (:mod:`rocketmq_dedup.stores.transaction`; MySQL's is
 :class:`~rocketmq_dedup.stores.mysql.transaction.MySQLTransactions`, PostgreSQL's
 :class:`~rocketmq_dedup.stores.postgres.transaction.PostgresTransactions`), so the decisions are
-tested without a server.
+tested without a server. The decisions that do no I/O (:class:`TransactionDecisions`) are shared
+with the asyncio strategy of :func:`~rocketmq_dedup.exactly_once` over an ``async def``
+(:class:`~rocketmq_dedup.once.strategy.AsyncCallTransactionStrategy`), which awaits the same
+steps on the asyncio port (:class:`~rocketmq_dedup.stores.transaction.AsyncTransaction`).
 
 Per message, with ``exactly_once_claim="at_commit"`` (the default)::
 
