@@ -28,6 +28,7 @@ from rocketmq_dedup.once.call import Call
 from rocketmq_dedup.once.registry import (
     async_strategy,
     async_transaction_strategy,
+    exactly_once_config,
     transaction_strategy,
 )
 from rocketmq_dedup.once.strategy import CallDelivery
@@ -191,6 +192,7 @@ def exactly_once(
             "exactly_once(config, key=...): key must be a callable of the "
             "function's arguments (without conn)"
         )
+    exactly_once_config(config)
     wait_ms = wait_ms_of(in_progress_wait_milli_seconds)
 
     def decorate(fn: Callable[Concatenate[Any, P], T]) -> Callable[P, T]:

@@ -61,6 +61,7 @@ def transaction_strategy(config: Any) -> CallTransactionStrategy:
     """The config's exactly-once call strategy; :class:`DedupConfigError` when its store has
     no transactions (the exactly-once mode's stores: MySQL/MariaDB, PostgreSQL)."""
     strategies = _strategies(config)
+    refuse_async_store(config, "a sync exactly_once function (a def)", "an async def")
     store = config.store if config.enabled else None
     if store is None or transactions_of(store) is None:
         raise DedupConfigError(
@@ -112,3 +113,22 @@ def async_transaction_strategy(config: Any) -> AsyncCallTransactionStrategy:
         ASYNC_EXACTLY_ONCE,
         lambda: AsyncCallTransactionStrategy(config, ASYNC_CALL_HOOKS, transactions),
     )
+
+
+def exactly_once_config(config: Any) -> None:
+    """Refuse, when ``exactly_once(config, ...)`` is called, a config with no exactly-once
+    transactions at all (whether they fit the function, sync for a def and asyncio for an
+    async def, is checked when it is decorated)."""
+    _strategies(config)
+    if config.enabled and config.async_store is not None:
+        async_transaction_strategy(config)
+        return
+    store = config.store if config.enabled else None
+    if store is None or transactions_of(store) is None:
+        raise DedupConfigError(
+            "exactly_once needs a DedupConfig with dedup enabled on a store with transactions: "
+            "for a def, the exactly-once mode's (a connection factory, a pool or a SQLAlchemy "
+            "Engine of the business database: MySQL/MariaDB, PostgreSQL); for an async def, "
+            "PostgreSQL through psycopg's async API or MySQL/MariaDB through asyncmy; got "
+            f"{'dedup disabled' if store is None else repr(store)}"
+        )

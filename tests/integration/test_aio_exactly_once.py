@@ -366,7 +366,7 @@ def test_an_async_def_on_a_store_without_asyncio_transactions_is_refused() -> No
         pass
 
     config = DedupConfig.enable_dedup_consume_config("app", MemoryDedupStore())
-    with pytest.raises(DedupConfigError, match=r"psycopg's async API.*asyncmy.*sync store"):
+    with pytest.raises(DedupConfigError, match=r"async def, PostgreSQL.*asyncmy.*Memory"):
         exactly_once(config, key=lambda order: order)(pay)
     client = redis.asyncio.Redis(port=1)  # never connected: refused before any I/O
     config = DedupConfig.enable_dedup_consume_config("app", client)

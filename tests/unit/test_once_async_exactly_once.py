@@ -158,3 +158,26 @@ def test_async_twins_in_one_process_commit_once() -> None:
     assert answers.count(None) == 1
     assert all(isinstance(a, DuplicateConsumedError) for a in answers if a is not None)
     assert database(store).committed == ["hot"] and database(store).open == 0
+
+
+def test_a_def_on_an_asyncio_config_and_an_async_def_on_a_sync_one_are_refused() -> None:
+    """Each form needs its own transactions: a def on a config of an asyncio store (it would
+    run on threads) and an async def on a config of a sync store (it would block the loop)
+    raise DedupConfigError when decorated, naming the form that fits."""
+    from rocketmq_dedup import DedupConfigError
+    from tests.unit.fake_transactions import FakeTransactionalStore
+
+    async_config, _ = fake_config()
+
+    def pay(conn: Any, order: str) -> None:
+        pytest.fail("decorated")
+
+    with pytest.raises(DedupConfigError, match=r"asyncio store.*an async def"):
+        exactly_once(async_config, key=lambda order: order)(pay)
+
+    async def pay_async(conn: Any, order: str) -> None:
+        pytest.fail("decorated")
+
+    sync_config = DedupConfig.enable_dedup_consume_config("app", FakeTransactionalStore())
+    with pytest.raises(DedupConfigError, match=r"sync store.*would block the event loop"):
+        exactly_once(sync_config, key=lambda order: order)(pay_async)
