@@ -313,7 +313,7 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
             and record.owner is not None
         ):
             twin = self._in_flight.get(record.owner)
-            if twin is not None and await _outcome_of(twin, snap.in_progress_wait_ms):
+            if twin is not None and await outcome_of(twin, snap.in_progress_wait_ms):
                 record = record._replace(status=DedupStatus.CONSUMED)
         return self._duplicate_status(delivery, record, snap)
 
@@ -417,7 +417,7 @@ class AsyncClaimStrategy(DedupDecisions, AsyncStrategy):
             await asyncio.to_thread(keeper.close)
 
 
-async def _outcome_of(twin: Any, wait_ms: int) -> Optional[bool]:
+async def outcome_of(twin: Any, wait_ms: int) -> Optional[bool]:
     """The outcome of an attempt in this process (True: consumed), waited for up to
     ``wait_ms`` (and never past the attempt's own deadline) by looking again every
     :data:`TWIN_POLL_S`; None while it still runs."""
@@ -450,6 +450,7 @@ __all__ = [
     "AsyncClaimStrategy",
     "AsyncPassThroughStrategy",
     "AsyncStrategy",
+    "outcome_of",
     "retry_locally",
     "run_handler",
 ]

@@ -7,7 +7,8 @@ leases, owner tokens, payload check and metrics, for a block of work or a functi
   (an HTTP handler, a task): a duplicate raises
   :class:`~rocketmq_dedup.errors.DuplicateConsumedError`;
 * :func:`exactly_once`: a function whose writes through a given connection commit with its
-  dedup record (the exactly-once mode's databases).
+  dedup record (the exactly-once mode's databases; an ``async def`` on the asyncio PostgreSQL
+  and MySQL stores).
 
 Layout: :mod:`.call` (a call as the strategies see it), :mod:`.strategy` (the listener's
 strategies, for one call), :mod:`.registry` (one strategy of each kind per config),

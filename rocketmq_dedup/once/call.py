@@ -90,9 +90,26 @@ class CallRunner:
         return True
 
 
+class AsyncCallRunner:
+    """:class:`CallRunner` for an ``async def``: the function is awaited on the event loop."""
+
+    @staticmethod
+    async def do_handle_msg(call: Call, conn: Any) -> bool:
+        assert call.fn is not None
+        try:
+            call.value = await call.fn(conn, *call.args, **call.kwargs)
+        except Exception as exc:
+            call.error = exc
+            return False
+        call.error = None
+        return True
+
+
 #: The hooks of every call: the key and payload are the call's own (checked when it is made).
 CALL_HOOKS = Hooks(
     listener=CallRunner(),
     key_of=operator.attrgetter("key"),
     payload_of=operator.attrgetter("payload"),
 )
+#: The hooks of an ``async def`` call (:class:`AsyncCallRunner`).
+ASYNC_CALL_HOOKS = CALL_HOOKS._replace(listener=AsyncCallRunner())

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Awaitable, Callable, Concatenate, Optional, ParamSpec, TypeVar
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Concatenate,
+    Dict,
+    Optional,
+    ParamSpec,
+    Tuple,
+    TypeVar,
+)
 
 from rocketmq_dedup.errors import (
     DedupConfigError,
@@ -15,7 +25,12 @@ from rocketmq_dedup.errors import (
 )
 from rocketmq_dedup.once.block import Once, raise_for, wait_ms_of
 from rocketmq_dedup.once.call import Call
-from rocketmq_dedup.once.registry import async_strategy, transaction_strategy
+from rocketmq_dedup.once.registry import (
+    async_strategy,
+    async_transaction_strategy,
+    exactly_once_config,
+    transaction_strategy,
+)
 from rocketmq_dedup.once.strategy import CallDelivery
 from rocketmq_dedup.status import Outcome
 
@@ -164,29 +179,32 @@ def exactly_once(
     :class:`~rocketmq_dedup.errors.DuplicateInProgressError`. A store failure raises the
     store's error whatever ``store_failure_policy`` says (the function needs that database).
     Local retries do not apply. Key, topic and payload: :func:`deduplicated`.
+
+    Over an ``async def fn(conn, ...)`` the call is awaited, with the same decisions and
+    answers, on the config's asyncio store: PostgreSQL through psycopg's async API (``conn`` is
+    the transaction's ``psycopg.AsyncConnection``) or MySQL/MariaDB through asyncmy (its
+    connection); every statement awaited, never blocking the event loop. Another store raises
+    :class:`~rocketmq_dedup.errors.DedupConfigError` when the function is decorated. A
+    cancelled call rolls back (unless its COMMIT was sent).
     """
     if not callable(key):
         raise DedupConfigError(
             "exactly_once(config, key=...): key must be a callable of the "
             "function's arguments (without conn)"
         )
-    strategy = transaction_strategy(config)
+    exactly_once_config(config)
     wait_ms = wait_ms_of(in_progress_wait_milli_seconds)
 
     def decorate(fn: Callable[Concatenate[Any, P], T]) -> Callable[P, T]:
-        _refuse_async(
-            fn,
-            "exactly_once",
-            "an async def is not supported: the exactly-once mode's transactions are sync (no "
-            "asyncio transaction port yet)",
-        )
         records = topic if topic is not None else function_topic(fn)
+        if inspect.iscoroutinefunction(fn):
+            return _exactly_once_async(config, key, fn, records, tag, payload, wait_ms)  # type: ignore[return-value]
+        _refuse_async(fn, "exactly_once", "an async generator is no call that returns")
+        strategy = transaction_strategy(config)
 
         @functools.wraps(fn)
         def call_once(*args: P.args, **kwargs: P.kwargs) -> T:
-            data = payload(*args, **kwargs) if payload is not None else None
-            call = Call(key(*args, **kwargs), records, tag, data).bind(fn, args, kwargs)
-            delivery = CallDelivery(0, call)
+            delivery = call_delivery(fn, key, records, tag, payload, args, kwargs)
             strategy.decide(delivery, wait_ms)
             value: T = committed(delivery, fn)
             return value
@@ -194,6 +212,42 @@ def exactly_once(
         return call_once
 
     return decorate
+
+
+def call_delivery(
+    fn: Callable[..., Any],
+    key: ArgsFn,
+    records: str,
+    tag: str,
+    payload: Optional[ArgsFn],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+) -> CallDelivery:
+    """An exactly-once call of ``fn`` with its arguments, on its way through the steps."""
+    data = payload(*args, **kwargs) if payload is not None else None
+    return CallDelivery(0, Call(key(*args, **kwargs), records, tag, data).bind(fn, args, kwargs))
+
+
+def _exactly_once_async(
+    config: Any,
+    key: ArgsFn,
+    fn: Callable[..., Awaitable[Any]],
+    records: str,
+    tag: str,
+    payload: Optional[ArgsFn],
+    wait_ms: Optional[int],
+) -> Callable[..., Awaitable[Any]]:
+    """:func:`exactly_once` of an ``async def``: the same decisions, awaited, in a transaction
+    of the config's asyncio store (PostgreSQL on psycopg's async API, MySQL on asyncmy)."""
+    strategy = async_transaction_strategy(config)  # refused now, not at the first call
+
+    @functools.wraps(fn)
+    async def call_once(*args: Any, **kwargs: Any) -> Any:
+        delivery = call_delivery(fn, key, records, tag, payload, args, kwargs)
+        await strategy.decide(delivery, wait_ms)
+        return committed(delivery, fn)
+
+    return call_once
 
 
 def committed(delivery: CallDelivery, fn: Callable[..., Any]) -> Any:

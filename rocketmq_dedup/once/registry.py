@@ -7,14 +7,21 @@ import threading
 from typing import Any, Callable, Dict, Optional, TypeVar
 
 from rocketmq_dedup.errors import DedupConfigError
-from rocketmq_dedup.once.call import CALL_HOOKS
-from rocketmq_dedup.once.strategy import AsyncCallStrategy, CallStrategy, CallTransactionStrategy
+from rocketmq_dedup.once.call import ASYNC_CALL_HOOKS, CALL_HOOKS
+from rocketmq_dedup.once.strategy import (
+    AsyncCallStrategy,
+    AsyncCallTransactionStrategy,
+    CallStrategy,
+    CallTransactionStrategy,
+)
+from rocketmq_dedup.stores.transaction import AsyncTransactionSource
 from rocketmq_dedup.strategy import refuse_async_store
 from rocketmq_dedup.strategy.exactly_once import transactions_of
 
 _LOCK = threading.Lock()
 S = TypeVar("S")
 PLAIN, EXACTLY_ONCE, ASYNC = "plain", "exactly_once", "asyncio"
+ASYNC_EXACTLY_ONCE = "asyncio_exactly_once"
 
 
 def _strategies(config: Any) -> Any:
@@ -54,6 +61,7 @@ def transaction_strategy(config: Any) -> CallTransactionStrategy:
     """The config's exactly-once call strategy; :class:`DedupConfigError` when its store has
     no transactions (the exactly-once mode's stores: MySQL/MariaDB, PostgreSQL)."""
     strategies = _strategies(config)
+    refuse_async_store(config, "a sync exactly_once function (a def)", "an async def")
     store = config.store if config.enabled else None
     if store is None or transactions_of(store) is None:
         raise DedupConfigError(
@@ -77,3 +85,50 @@ def async_strategy(config: Any) -> Optional[AsyncCallStrategy]:
             "store would block the event loop; use the sync form, or an asyncio client"
         )
     return _made(strategies, ASYNC, lambda: AsyncCallStrategy(config, CALL_HOOKS))
+
+
+def async_transaction_strategy(config: Any) -> AsyncCallTransactionStrategy:
+    """The config's exactly-once call strategy for an ``async def``; :class:`DedupConfigError`
+    unless its store is an asyncio store with transactions (PostgreSQL on psycopg's async
+    API, MySQL/MariaDB on asyncmy)."""
+    strategies = _strategies(config)
+    store = config.async_store if config.enabled else None
+    transactions = getattr(store, "transactions", None)
+    if not isinstance(transactions, AsyncTransactionSource):
+        if not config.enabled:
+            got = "dedup disabled"
+        elif store is None:
+            got = f"the sync store {config.store!r} (it would block the event loop)"
+        else:
+            got = repr(store)
+        raise DedupConfigError(
+            "exactly_once over an async def needs a DedupConfig with dedup enabled on an "
+            "asyncio SQL store: PostgreSQL through psycopg's async API (functools.partial("
+            "psycopg.AsyncConnection.connect, dsn) or a psycopg_pool.AsyncConnectionPool) or "
+            "MySQL/MariaDB through asyncmy (functools.partial(asyncmy.connect, ...)); Redis and "
+            f"the memory store have no transactions; got {got}"
+        )
+    return _made(
+        strategies,
+        ASYNC_EXACTLY_ONCE,
+        lambda: AsyncCallTransactionStrategy(config, ASYNC_CALL_HOOKS, transactions),
+    )
+
+
+def exactly_once_config(config: Any) -> None:
+    """Refuse, when ``exactly_once(config, ...)`` is called, a config with no exactly-once
+    transactions at all (whether they fit the function, sync for a def and asyncio for an
+    async def, is checked when it is decorated)."""
+    _strategies(config)
+    if config.enabled and config.async_store is not None:
+        async_transaction_strategy(config)
+        return
+    store = config.store if config.enabled else None
+    if store is None or transactions_of(store) is None:
+        raise DedupConfigError(
+            "exactly_once needs a DedupConfig with dedup enabled on a store with transactions: "
+            "for a def, the exactly-once mode's (a connection factory, a pool or a SQLAlchemy "
+            "Engine of the business database: MySQL/MariaDB, PostgreSQL); for an async def, "
+            "PostgreSQL through psycopg's async API or MySQL/MariaDB through asyncmy; got "
+            f"{'dedup disabled' if store is None else repr(store)}"
+        )

@@ -7,6 +7,11 @@ are the listeners'. What they add is what a call needs that a message does not: 
 kept on the :class:`CallDelivery` (with the store error that made it) for the caller to read,
 the work done between two steps (a ``with`` body) instead of by the strategy, and a bounded wait
 for a key in progress, here or in another process.
+
+Their asyncio twins (an ``async with`` block, an ``async def``): :class:`AsyncCallStrategy` (the
+asyncio listener's steps) and :class:`AsyncCallTransactionStrategy` (the exactly-once steps for
+one call, awaited on the asyncio transaction port, on the same decisions:
+:class:`~rocketmq_dedup.strategy.exactly_once.TransactionDecisions`).
 """
 
 from __future__ import annotations
@@ -15,18 +20,26 @@ import asyncio
 import dataclasses
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from rocketmq_dedup.aio.meter import async_meter
-from rocketmq_dedup.aio.strategy import AsyncClaimStrategy, shielded
+from rocketmq_dedup.aio.strategy import AsyncClaimStrategy, outcome_of, shielded
 from rocketmq_dedup.config import DedupConfig, Snapshot
-from rocketmq_dedup.errors import StoreError
+from rocketmq_dedup.errors import StoreError, TransactionMisuseError
 from rocketmq_dedup.hooks import Hooks
-from rocketmq_dedup.status import ConsumeStatus, Outcome
+from rocketmq_dedup.metrics import StoreOp
+from rocketmq_dedup.status import ConsumeStatus, DedupStatus, ExactlyOnceClaim, Outcome
+from rocketmq_dedup.stores.aio import AsyncDedupStore
 from rocketmq_dedup.stores.base import Claim, Record
+from rocketmq_dedup.stores.transaction import AsyncTransaction, AsyncTransactionSource
 from rocketmq_dedup.strategy.base import Delivery
-from rocketmq_dedup.strategy.exactly_once import TransactionalStrategy
+from rocketmq_dedup.strategy.exactly_once import (
+    TransactionalStrategy,
+    TransactionDecisions,
+    hold_seconds,
+)
 from rocketmq_dedup.strategy.plain import ClaimStrategy
+from rocketmq_dedup.strategy.rules import LATER, SUCCESS
 
 #: The first pause of the wait for a key in progress (seconds); each next one is twice as
 #: long, up to :data:`MAX_POLL_S`: the store is asked again after each.
@@ -153,33 +166,15 @@ class CallStrategy(CallDecisions, ClaimStrategy):
             self._settle_one(delivery, claim, False, snap)
 
 
-class CallTransactionStrategy(CallDecisions, TransactionalStrategy):
-    """The exactly-once template for one call: the function runs in the message's place (its
-    connection first), and the caller reads the decision from the :class:`CallDelivery`. Local
-    retries do not apply to calls (a caller runs the call again if it wants)."""
+class CallTransactionDecisions(CallDecisions, TransactionDecisions):
+    """What both exactly-once call strategies (sync and asyncio) keep of a decision, and the
+    snapshot a call is decided with."""
 
-    def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
-        super().__init__(config, hooks)
+    def __init__(self) -> None:
+        """(After the decisions' own ``__init__``.)"""
         #: By the call's wait: (the config's snapshot, the call's made from it).
         self._snaps: Dict[int, Tuple[Snapshot, Snapshot]] = {}
         self._snaps_lock = threading.Lock()
-
-    def decide(self, delivery: CallDelivery, wait_ms: Optional[int] = None) -> None:
-        """The template's steps for ``delivery``; a key in progress (a twin here, or the key's
-        lock held elsewhere with ``exactly_once_claim="before_handler"``) is tried again with
-        growing pauses until the wait ends."""
-        snap = delivery.snap = self._call_snapshot(wait_ms)
-        deadline = wait_budget(snap, wait_ms)
-        pause: Optional[float] = FIRST_POLL_S
-        while True:
-            delivery.started = snap.meter.arrival()
-            self._consume_deliveries([delivery], snap)
-            if delivery.outcome is not Outcome.DUPLICATE_IN_PROGRESS:
-                return
-            pause = pause_before_retry(deadline, pause)  # type: ignore[arg-type]
-            if pause is None:
-                return
-            delivery.status = delivery.outcome = delivery.record = None
 
     def _call_snapshot(self, wait_ms: Optional[int]) -> Snapshot:
         """The config's snapshot without local retries (and with the call's wait for a twin
@@ -201,6 +196,176 @@ class CallTransactionStrategy(CallDecisions, TransactionalStrategy):
         if isinstance(delivery, CallDelivery):
             delivery.store_error = exc
         super()._transaction_failed(delivery, exc)
+
+
+class CallTransactionStrategy(CallTransactionDecisions, TransactionalStrategy):
+    """The exactly-once template for one call: the function runs in the message's place (its
+    connection first), and the caller reads the decision from the :class:`CallDelivery`. Local
+    retries do not apply to calls (a caller runs the call again if it wants)."""
+
+    def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
+        TransactionalStrategy.__init__(self, config, hooks)
+        CallTransactionDecisions.__init__(self)
+
+    def decide(self, delivery: CallDelivery, wait_ms: Optional[int] = None) -> None:
+        """The template's steps for ``delivery``; a key in progress (a twin here, or the key's
+        lock held elsewhere with ``exactly_once_claim="before_handler"``) is tried again with
+        growing pauses until the wait ends."""
+        snap = delivery.snap = self._call_snapshot(wait_ms)
+        deadline = wait_budget(snap, wait_ms)
+        pause: Optional[float] = FIRST_POLL_S
+        while True:
+            delivery.started = snap.meter.arrival()
+            self._consume_deliveries([delivery], snap)
+            if delivery.outcome is not Outcome.DUPLICATE_IN_PROGRESS:
+                return
+            pause = pause_before_retry(deadline, pause)  # type: ignore[arg-type]
+            if pause is None:
+                return
+            delivery.status = delivery.outcome = delivery.record = None
+
+
+class AsyncCallTransactionStrategy(CallTransactionDecisions):
+    """:class:`CallTransactionStrategy` for an ``async def``, on an asyncio store's
+    transactions (:class:`~rocketmq_dedup.stores.transaction.AsyncTransactionSource`): the same
+    steps and decisions (:class:`~rocketmq_dedup.strategy.exactly_once.TransactionDecisions`),
+    each store call and the function awaited on the event loop; the wait for a key in progress
+    (a twin here, or another process's lock) sleeps with asyncio.sleep. The transaction is
+    closed (rolled back if still open, its connection given back) shielded from cancellation:
+    a cancelled call commits nothing, unless its COMMIT was already sent."""
+
+    def __init__(self, config: DedupConfig, hooks: Hooks, transactions: Any) -> None:
+        assert config.async_store is not None
+        self.store: AsyncDedupStore = config.async_store
+        TransactionDecisions.__init__(self, config, hooks, self.store)
+        CallTransactionDecisions.__init__(self)
+        self.transactions: AsyncTransactionSource = transactions
+
+    async def decide(self, delivery: CallDelivery, wait_ms: Optional[int] = None) -> None:
+        """:meth:`CallTransactionStrategy.decide`, awaited."""
+        await self.config.check_async_store()
+        snap = delivery.snap = self._call_snapshot(wait_ms)
+        deadline = wait_budget(snap, wait_ms)
+        pause = FIRST_POLL_S
+        while True:
+            delivery.started = snap.meter.arrival()
+            await self._decide_once(delivery, snap)
+            left = deadline - time.monotonic()
+            if delivery.outcome is not Outcome.DUPLICATE_IN_PROGRESS or left <= 0:
+                return
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, MAX_POLL_S)
+            delivery.status = delivery.outcome = delivery.record = None
+
+    async def _decide_once(self, delivery: CallDelivery, snap: Snapshot) -> None:
+        """The template's steps for one call: key, the in-process registry (and a look-up of a
+        likely duplicate), the transaction, leaving the registry, the report."""
+        held: List[Delivery] = []
+        try:
+            if self._key(delivery, snap):
+                held = await self._claim(delivery, snap)
+            if delivery.status is None:
+                delivery.status = await self._transact(delivery, snap)
+        finally:
+            if held:
+                self._finish(held, [], snap)
+            snap.meter.report_one(delivery)
+
+    async def _claim(self, delivery: CallDelivery, snap: Snapshot) -> List[Delivery]:
+        """:meth:`TransactionalStrategy._claim` for one call: a twin in this process is waited
+        for by looking at its outcome (never blocking the loop)."""
+        mine, twin = self._in_flight.enter(delivery.element, snap.hold_ms)
+        if twin is not None:
+            consumed = None
+            if snap.in_progress_wait_ms:
+                consumed = await outcome_of(twin, snap.in_progress_wait_ms)
+            self._twin_answer(delivery, consumed, snap)
+            return []
+        delivery.attempt = mine
+        if self._suspect(delivery):
+            meter = async_meter(snap.meter)
+            try:
+                record = await meter.store_call(StoreOp.LOOKUP, self.store.read, delivery.element)
+            except StoreError as exc:
+                self._store_failed([delivery], exc, snap)
+                return [delivery]
+            if record is not None:
+                delivery.status = self._refused(delivery, record, snap)
+        return [delivery]
+
+    async def _transact(self, delivery: CallDelivery, snap: Snapshot) -> ConsumeStatus:
+        """:meth:`TransactionalStrategy._transact` for one call (no sequence key)."""
+        try:
+            tx = await self.transactions.begin(hold_seconds(snap))
+        except StoreError as exc:
+            self._transaction_failed(delivery, exc)
+            return LATER
+        try:
+            return await self._in_transaction(delivery, tx, snap)
+        except TransactionMisuseError as exc:  # found at the commit
+            return self._misused(delivery, str(exc))
+        except StoreError as exc:  # a statement of the dedup layer failed
+            self._transaction_failed(delivery, exc)
+            return await self._after_failure(delivery, snap)
+        finally:
+            await shielded(tx.close())
+
+    async def _in_transaction(
+        self, delivery: CallDelivery, tx: AsyncTransaction, snap: Snapshot
+    ) -> ConsumeStatus:
+        """:meth:`TransactionalStrategy._in_transaction` for one call: [the key, before the
+        function], the function, the record with the COMMIT."""
+        element = delivery.element
+        if element is not None and snap.exactly_once_claim is ExactlyOnceClaim.BEFORE_HANDLER:
+            key = await tx.claim_key(element)
+            if not key.taken:
+                return self._duplicate(delivery, DedupStatus.CONSUMING, snap)
+            if key.record is not None:
+                return self._refused(delivery, key.record, snap)
+        await tx.before_handler()
+        status = await self._handle(delivery, tx, snap)
+        if status is not SUCCESS:
+            return status
+        if element is None:  # no dedup key: the function's writes alone
+            await tx.commit()
+            return SUCCESS
+        owner = self._owner(delivery)
+        refused = await async_meter(snap.meter).store_call(
+            StoreOp.COMMIT, tx.commit_record, element, owner, snap.retention_ms
+        )
+        return self._record_committed(delivery, tx, element, refused, False, snap)
+
+    async def _handle(
+        self, delivery: CallDelivery, tx: AsyncTransaction, snap: Snapshot
+    ) -> ConsumeStatus:
+        """The function in the transaction (:class:`~rocketmq_dedup.once.call.AsyncCallRunner`
+        keeps what it returned or raised on the call): its answer, or LATER when it raised or
+        broke the transaction."""
+        begin = time.perf_counter() if snap.metrics is not None else 0.0
+        try:
+            result = await tx.run_handler(self.hooks.listener.do_handle_msg, delivery.msg)
+        finally:
+            if snap.metrics is not None:
+                delivery.handler_seconds = time.perf_counter() - begin
+        misuse = await tx.misuse()
+        if misuse is not None:
+            return self._misused(delivery, f"do_handle_msg {misuse}")
+        return self._handler_status(delivery, result)
+
+    async def _after_failure(self, delivery: CallDelivery, snap: Snapshot) -> ConsumeStatus:
+        """:meth:`TransactionalStrategy._after_failure`: the key's record read again."""
+        if delivery.element is None:
+            return LATER
+        try:
+            record = await async_meter(snap.meter).store_call(
+                StoreOp.LOOKUP, self.store.read, delivery.element
+            )
+        except StoreError:
+            return LATER
+        return self._found_after_failure(delivery, record, snap)
+
+    async def aclose(self) -> None:
+        """Nothing runs in the background (the transactions are the store's, closed with it)."""
 
 
 class AsyncCallStrategy(CallDecisions, AsyncClaimStrategy):
@@ -252,4 +417,10 @@ class AsyncCallStrategy(CallDecisions, AsyncClaimStrategy):
             snap.meter.report_one(delivery)
 
 
-__all__ = ["AsyncCallStrategy", "CallDelivery", "CallStrategy", "CallTransactionStrategy"]
+__all__ = [
+    "AsyncCallStrategy",
+    "AsyncCallTransactionStrategy",
+    "CallDelivery",
+    "CallStrategy",
+    "CallTransactionStrategy",
+]

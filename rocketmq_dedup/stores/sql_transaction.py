@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import abc
 import logging
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from rocketmq_dedup.errors import StoreError, TransactionMisuseError
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.base import Record, bounded_reason
-from rocketmq_dedup.stores.transaction import Entity, KeyClaim, SequenceStep, Transaction
+from rocketmq_dedup.stores.transaction import (
+    AsyncTransaction,
+    Entity,
+    KeyClaim,
+    SequenceStep,
+    Transaction,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +41,10 @@ T = TypeVar("T")
 RECONNECTED = "lost the session its transaction began on (a reconnect)"
 
 
-class SqlTransaction(Transaction):
-    """One message's transaction on a SQL database (module docstring).
+class SqlTransactionRules:
+    """What the sync and the asyncio transactions on a SQL database share (module docstring):
+    the state, the refusal, which connection is fit for reuse and how a step's error is
+    wrapped.
 
     :param wrap: the database's error for a driver error of these transactions.
     """
@@ -46,6 +54,37 @@ class SqlTransaction(Transaction):
         self.broken = False  # a statement or the handler raised: never reuse the connection
         self.misused: Optional[str] = None  # how the handler broke the transaction
         self._open = True  # neither committed nor rolled back yet
+
+    def refuse(self, what: str) -> None:
+        """Called by the guards: record the misuse and raise it into the handler."""
+        if self.misused is None:
+            self.misused = f"called {what} on its connection"
+        raise TransactionMisuseError(
+            f"do_handle_msg called {what} on its connection: the listener ends the message's "
+            "transaction itself (return True to commit, False or raise to roll back), and the "
+            "connection is in use until then"
+        )
+
+    def _handler_raised(self, exc: BaseException) -> None:
+        """The handler raised ``exc``: by default its connection is never reused (it may have
+        left it mid-result)."""
+        self.broken = True
+
+    def _fit(self) -> bool:
+        """Whether the connection may serve another message once the transaction ended."""
+        return not self.broken and self.misused is None
+
+    def _step_failed(self, exc: BaseException) -> BaseException:
+        """A step of the dedup layer raised ``exc``: the connection is not reused, and what to
+        raise is returned (a driver error wrapped once; ours and interrupts as they are)."""
+        self.broken = True
+        if isinstance(exc, (StoreError, TransactionMisuseError)) or not isinstance(exc, Exception):
+            return exc
+        return self._wrap(exc)
+
+
+class SqlTransaction(SqlTransactionRules, Transaction):
+    """One message's transaction on a SQL database (module docstring)."""
 
     # -- the database's steps ----------------------------------------------------------------
 
@@ -96,15 +135,6 @@ class SqlTransaction(Transaction):
 
     def _unguard(self) -> None:
         """Stop refusing them."""
-
-    def _handler_raised(self, exc: BaseException) -> None:
-        """The handler raised ``exc``: by default its connection is never reused (it may have
-        left it mid-result)."""
-        self.broken = True
-
-    def _fit(self) -> bool:
-        """Whether the connection may serve another message once the transaction ended."""
-        return not self.broken and self.misused is None
 
     @abc.abstractmethod
     def _give_back(self, fit: bool) -> None:
@@ -167,30 +197,96 @@ class SqlTransaction(Transaction):
 
     # -- shared rules ----------------------------------------------------------------------------
 
-    def refuse(self, what: str) -> None:
-        """Called by the guards: record the misuse and raise it into the handler."""
-        if self.misused is None:
-            self.misused = f"called {what} on its connection"
-        raise TransactionMisuseError(
-            f"do_handle_msg called {what} on its connection: the listener ends the message's "
-            "transaction itself (return True to commit, False or raise to roll back), and the "
-            "connection is in use until then"
-        )
-
     def _io(self, step: Callable[..., T], *args: Any) -> T:
         """Run a step of the dedup layer; a driver error is wrapped once, and the connection
         is not reused after any error."""
         try:
             return step(*args)
-        except (StoreError, TransactionMisuseError):
-            self.broken = True
-            raise
-        except Exception as exc:
-            self.broken = True
-            raise self._wrap(exc) from exc
-        except BaseException:
-            self.broken = True
-            raise
+        except BaseException as exc:
+            failure = self._step_failed(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
 
 
-__all__ = ["RECONNECTED", "SqlTransaction"]
+class AsyncSqlTransaction(SqlTransactionRules, AsyncTransaction):
+    """One call's transaction on an asyncio connection to a SQL database: the rules of
+    :class:`SqlTransaction` (shared: :class:`SqlTransactionRules`), each step awaited."""
+
+    @abc.abstractmethod
+    async def _claim_key(self, element: DedupElement) -> KeyClaim:
+        """:meth:`AsyncTransaction.claim_key`'s statements."""
+
+    @abc.abstractmethod
+    async def _commit_record(
+        self, element: DedupElement, owner: str, retention_ms: int
+    ) -> Optional[Record]:
+        """:meth:`SqlTransaction._commit_record`, awaited."""
+
+    @abc.abstractmethod
+    async def _commit(self) -> None:
+        """COMMIT."""
+
+    @abc.abstractmethod
+    async def _rollback(self) -> None:
+        """ROLLBACK."""
+
+    @abc.abstractmethod
+    def _session_misuse(self) -> Optional[str]:
+        """:meth:`SqlTransaction._session_misuse` (read from the driver, no round trip)."""
+
+    @abc.abstractmethod
+    async def _give_back(self, fit: bool) -> None:
+        """Give the connection back (``fit``) or discard it."""
+
+    # -- the port ------------------------------------------------------------------------------
+
+    async def claim_key(self, element: DedupElement) -> KeyClaim:
+        return await self._io(self._claim_key(element))
+
+    async def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
+        try:
+            return await handler(msg, self.conn)
+        except BaseException as exc:
+            self._handler_raised(exc)
+            raise
+
+    async def misuse(self) -> Optional[str]:
+        if self.misused is None:
+            self.misused = self._session_misuse()
+        return self.misused
+
+    async def commit_record(
+        self, element: DedupElement, owner: str, retention_ms: int
+    ) -> Optional[Record]:
+        return await self._io(self._commit_record(element, owner, retention_ms))
+
+    async def commit(self) -> None:
+        await self._io(self._commit())
+        self._open = False
+
+    async def close(self) -> None:
+        if self._open:
+            try:
+                await self._rollback()
+            except BaseException:
+                self.broken = True
+                logger.debug("rollback failed; the connection will be discarded", exc_info=True)
+        self._open = False
+        try:
+            await self._give_back(self._fit())
+        except Exception:
+            logger.debug("giving a transaction's connection back failed", exc_info=True)
+
+    async def _io(self, step: Awaitable[T]) -> T:
+        """:meth:`SqlTransaction._io`, awaited."""
+        try:
+            return await step
+        except BaseException as exc:
+            failure = self._step_failed(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+
+
+__all__ = ["RECONNECTED", "AsyncSqlTransaction", "SqlTransaction", "SqlTransactionRules"]

@@ -180,6 +180,58 @@ class TransactionSource(abc.ABC):
         idle (a frozen consumer holds its locks no longer)."""
 
 
+class AsyncTransaction(abc.ABC):
+    """One call's transaction on an asyncio connection: :class:`Transaction`'s port, awaited
+    (the same order of the calls, the same promises and errors), for
+    :func:`~rocketmq_dedup.exactly_once` over an ``async def``. What a call never needs is not
+    part of it: the sequence guard (a call has no sequence key) and ``commit_failure`` (a
+    function that raises rolls back and its caller gets the exception: no FAILED record)."""
+
+    #: What the function gets as ``conn``.
+    conn: Any
+
+    #: Never set by a call's function (:meth:`Transaction.call_after_commit` is the listener's
+    #: outbox): the strategy's after-commit step reads it as "nothing".
+    after_commit: Optional[List[Callable[[], None]]] = None
+
+    @abc.abstractmethod
+    async def claim_key(self, element: DedupElement) -> KeyClaim:
+        """:meth:`Transaction.claim_key` without an entity."""
+
+    async def before_handler(self) -> None:  # noqa: B027 - optional hook
+        """:meth:`Transaction.before_handler`."""
+
+    @abc.abstractmethod
+    async def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
+        """``await handler(msg, conn)``, the calls that would end the transaction refused."""
+
+    @abc.abstractmethod
+    async def misuse(self) -> Optional[str]:
+        """:meth:`Transaction.misuse`."""
+
+    @abc.abstractmethod
+    async def commit_record(
+        self, element: DedupElement, owner: str, retention_ms: int
+    ) -> Optional[Record]:
+        """:meth:`Transaction.commit_record`."""
+
+    @abc.abstractmethod
+    async def commit(self) -> None:
+        """:meth:`Transaction.commit`."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """:meth:`Transaction.close`: never raises."""
+
+
+class AsyncTransactionSource(abc.ABC):
+    """Opens :class:`AsyncTransaction` s on one database (an asyncio store's ``transactions``)."""
+
+    @abc.abstractmethod
+    async def begin(self, hold_seconds: int) -> AsyncTransaction:
+        """:meth:`TransactionSource.begin`, awaited."""
+
+
 #: The transaction whose handler runs in this context (thread), set by the strategy around it.
 running_transaction: contextvars.ContextVar[Optional[Transaction]] = contextvars.ContextVar(
     "rocketmq_dedup_running_transaction", default=None
@@ -193,6 +245,8 @@ def current_transaction() -> Optional[Transaction]:
 
 
 __all__ = [
+    "AsyncTransaction",
+    "AsyncTransactionSource",
     "Entity",
     "KeyClaim",
     "SequenceStep",

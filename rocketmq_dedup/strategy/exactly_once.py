@@ -3,7 +3,10 @@ handler's writes and the dedup record commit in one transaction. The I/O is the 
 transaction port (:mod:`rocketmq_dedup.stores.transaction`; MySQL's is
 :class:`~rocketmq_dedup.stores.mysql.transaction.MySQLTransactions`, PostgreSQL's
 :class:`~rocketmq_dedup.stores.postgres.transaction.PostgresTransactions`), so the decisions are
-tested without a server.
+tested without a server. The decisions that do no I/O (:class:`TransactionDecisions`) are shared
+with the asyncio strategy of :func:`~rocketmq_dedup.exactly_once` over an ``async def``
+(:class:`~rocketmq_dedup.once.strategy.AsyncCallTransactionStrategy`), which awaits the same
+steps on the asyncio port (:class:`~rocketmq_dedup.stores.transaction.AsyncTransaction`).
 
 Per message, with ``exactly_once_claim="at_commit"`` (the default)::
 
@@ -72,13 +75,14 @@ from rocketmq_dedup.status import (
 )
 from rocketmq_dedup.stores.base import DedupStore, Record
 from rocketmq_dedup.stores.transaction import (
+    AsyncTransaction,
     Entity,
     SequenceStep,
     Transaction,
     TransactionSource,
     running_transaction,
 )
-from rocketmq_dedup.strategy.base import DedupTemplate, Delivery, retry_locally
+from rocketmq_dedup.strategy.base import DedupDecisions, DedupTemplate, Delivery, retry_locally
 from rocketmq_dedup.strategy.rules import LATER, SUCCESS, answer
 
 logger = logging.getLogger(__name__)
@@ -109,55 +113,82 @@ def transactions_of(store: DedupStore) -> Optional[TransactionSource]:
     return transactions if isinstance(transactions, TransactionSource) else None
 
 
-class TransactionalStrategy(DedupTemplate):
-    """The exactly-once decisions (module docstring) on the consume template, over the store's
-    transaction port (:mod:`rocketmq_dedup.stores.transaction`)."""
+def hold_seconds(snap: Snapshot) -> int:
+    """How long the server keeps an idle transaction's session (whole seconds, at least 1):
+    the hold, so a frozen consumer holds its locks no longer."""
+    return max(1, -(-snap.hold_ms // 1000))
 
-    def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
-        super().__init__(config, hooks)
-        transactions = transactions_of(self.store)
-        if transactions is None:  # checked by the listener too
-            raise DedupConfigError(
-                f"the exactly-once mode needs a store with transactions; got {self.store!r}"
-            )
-        self.transactions: TransactionSource = transactions
-        self._in_flight: InFlight = in_flight(self.store)
+
+class TransactionDecisions(DedupDecisions):
+    """The exactly-once decisions that do no I/O, shared by the sync strategy and the asyncio
+    one of :func:`~rocketmq_dedup.exactly_once` (which await the same steps): what a refusing
+    record, a failed statement, a misused transaction, a handler's answer and a commit's
+    answer mean, and what this process remembers (its attempts in flight, its keys committed
+    lately)."""
+
+    def __init__(self, config: DedupConfig, hooks: Hooks, store: Any) -> None:
+        DedupDecisions.__init__(self, config, hooks)
+        self._in_flight: InFlight = in_flight(store)
         self._recent: collections.OrderedDict[DedupElement, None] = collections.OrderedDict()
         self._recent_lock = threading.Lock()
 
-    # -- claim: what is decided before any transaction --------------------------------------
+    def _suspect(self, delivery: Delivery) -> bool:
+        """Whether a held attempt is likely a duplicate (a redelivery, a key committed here
+        lately): its record is looked up before its transaction."""
+        return reconsume_times(delivery.msg) > 0 or delivery.element in self._recent
 
-    def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
-        """Twins in this process are answered at once (or from their twin's outcome); the
-        others are held (entered in the in-process registry), and those likely to be
-        duplicates (redeliveries, keys committed here lately) are looked up in one round
-        trip."""
-        held, suspects = [], []
-        for delivery in keyed:
-            element: DedupElement = delivery.element  # type: ignore[assignment]
-            mine, twin = self._in_flight.enter(element, snap.hold_ms)
-            if twin is not None:
-                consumed = None
-                if snap.in_progress_wait_ms:
-                    consumed = self._in_flight.wait(twin, snap.in_progress_wait_ms)
-                status = DedupStatus.CONSUMED if consumed else DedupStatus.CONSUMING
-                delivery.status = self._duplicate(delivery, status, snap)
-                continue
-            delivery.attempt = mine
-            held.append(delivery)
-            if reconsume_times(delivery.msg) > 0 or element in self._recent:
-                suspects.append(delivery)
-        if suspects:
-            elements = [d.element for d in suspects]
-            try:
-                records = self._store_call(snap, StoreOp.LOOKUP, self.store.read_many, elements)
-            except StoreError as exc:
-                self._store_failed(suspects, exc, snap)
-                return held
-            for delivery, record in zip(suspects, records, strict=True):
-                if record is not None:
-                    delivery.status = self._refused(delivery, record, snap)
-        return held
+    def _twin_answer(self, delivery: Delivery, consumed: Optional[bool], snap: Snapshot) -> None:
+        """A twin in its handler in this process: answered from its outcome (``consumed``;
+        None when it still runs)."""
+        status = DedupStatus.CONSUMED if consumed else DedupStatus.CONSUMING
+        delivery.status = self._duplicate(delivery, status, snap)
+
+    def _owner(self, delivery: Delivery) -> str:
+        """A new owner token for the record a transaction commits (with the payload's
+        fingerprint, if any)."""
+        owner = owner_tokens.next()
+        if delivery.fingerprint is not None:
+            owner = with_fingerprint(owner, delivery.fingerprint)
+        return owner
+
+    def _handler_status(self, delivery: Delivery, result: Any) -> ConsumeStatus:
+        """The answer of a handler that returned ``result`` on an intact transaction."""
+        status = SUCCESS if result is True else answer(result, commit=True)
+        if status is not SUCCESS:
+            delivery.outcome = Outcome.FAILED
+        return status
+
+    def _record_committed(
+        self,
+        delivery: Delivery,
+        tx: Any,
+        element: DedupElement,
+        refused: Optional[Record],
+        stale: bool,
+        snap: Snapshot,
+    ) -> ConsumeStatus:
+        """What the COMMIT with the CONSUMED record answered: ``refused``, the live record of
+        another attempt that refused it (this one rolled back: answered as its duplicate), or
+        None: committed (``stale``: a sequence step already applied, acked as a duplicate)."""
+        if refused is not None:
+            logger.info("%r was recorded by another attempt; rolled back", element)
+            return self._refused(delivery, refused, snap)
+        self._after_commit(tx)
+        self._remember(element)
+        if stale:
+            return self._duplicate(delivery, DedupStatus.CONSUMED, snap)
+        delivery.outcome = Outcome.CONSUMED
+        return SUCCESS
+
+    def _found_after_failure(
+        self, delivery: Delivery, record: Optional[Record], snap: Snapshot
+    ) -> ConsumeStatus:
+        """After a transaction failed, the key's record (read again): another copy committed
+        (or this one did, its COMMIT's answer lost): a duplicate; none, or still CONSUMING:
+        RECONSUME_LATER."""
+        if record is None or record.status is DedupStatus.CONSUMING:
+            return LATER
+        return self._refused(delivery, record, snap)
 
     def _refused(self, delivery: Delivery, record: Record, snap: Snapshot) -> ConsumeStatus:
         """The answer for a message whose key has another attempt's record: never "run
@@ -177,6 +208,133 @@ class TransactionalStrategy(DedupTemplate):
         """Never: the handler needs the database the store is on (every store failure is
         RECONSUME_LATER, whatever ``store_failure_policy`` says)."""
         return False
+
+    def _misused(self, delivery: Delivery, what: str) -> ConsumeStatus:
+        """The handler ended, left or broke its transaction: rolled back, never reused, and
+        the message consumed later."""
+        self._log.log(
+            logging.ERROR,
+            "%s; the transaction was rolled back and the message will be consumed later "
+            "(return True to commit, False or raise to roll back)",
+            what,
+        )
+        delivery.outcome = Outcome.FAILED
+        return LATER
+
+    def _transaction_failed(self, delivery: Delivery, exc: StoreError) -> None:
+        """A statement of the dedup layer failed: logged as what it is (an outage, a lock
+        conflict, a refusal a person must fix, a defect); the message is consumed later."""
+        if isinstance(exc, StoreLockConflictError):
+            delivery.outcome = Outcome.LOCK_CONFLICT
+            self._log.log(
+                logging.WARNING,
+                "a lock wait timed out or a deadlock was broken in the message's transaction "
+                "(%s): another copy or another step of its entity held the lock; rolled back, "
+                "the message will be consumed later",
+                exc,
+            )
+            return
+        if isinstance(exc, StoreMisconfiguredError):
+            delivery.outcome = Outcome.STORE_MISCONFIGURED
+            self._log.log(
+                logging.ERROR,
+                "the database refused the message's transaction: %s; rolled back, the message "
+                "will be consumed later (a configuration a person must fix, not an outage)",
+                exc,
+            )
+            return
+        delivery.outcome = Outcome.STORE_ERROR_LATER
+        if isinstance(exc, StoreUnavailableError):
+            self._log.log(
+                logging.WARNING,
+                "the business database is unavailable (%s); the message will be consumed later "
+                "(the exactly-once mode never consumes without it)",
+                exc,
+            )
+        else:
+            self._log.log(
+                logging.ERROR,
+                "the message's transaction failed (%s); rolled back, consume later",
+                exc,
+                exc_info=exc,
+            )
+
+    def _after_commit(self, tx: Union[Transaction, AsyncTransaction]) -> None:
+        """What the handler asked to hear of the COMMIT (``Transaction.call_after_commit``, the
+        outbox's relay wake-up), each called once; one that raises is logged."""
+        for callback in tx.after_commit or ():
+            try:
+                callback()
+            except Exception:
+                self._log.log(
+                    logging.ERROR, "an after-commit callback raised; ignored", exc_info=True
+                )
+
+    def _remember(self, element: DedupElement) -> None:
+        """A key committed here: a later copy of it is looked up before its handler."""
+        recent = self._recent
+        with self._recent_lock:
+            recent[element] = None
+            if len(recent) > RECENT_KEYS:
+                recent.popitem(last=False)
+
+    # -- finish --------------------------------------------------------------------------
+
+    def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
+        """Every held attempt leaves the in-process registry, with its outcome."""
+        registry = self._in_flight
+        for delivery in held:
+            consumed = delivery.outcome in (Outcome.CONSUMED, Outcome.DUPLICATE_CONSUMED)
+            consumed = consumed and delivery.failure is None
+            registry.leave(delivery.element, delivery.attempt, consumed)
+
+
+class TransactionalStrategy(TransactionDecisions, DedupTemplate):
+    """The exactly-once decisions (module docstring) on the consume template, over the store's
+    transaction port (:mod:`rocketmq_dedup.stores.transaction`)."""
+
+    def __init__(self, config: DedupConfig, hooks: Hooks) -> None:
+        DedupTemplate.__init__(self, config, hooks)
+        TransactionDecisions.__init__(self, config, hooks, self.store)
+        transactions = transactions_of(self.store)
+        if transactions is None:  # checked by the listener too
+            raise DedupConfigError(
+                f"the exactly-once mode needs a store with transactions; got {self.store!r}"
+            )
+        self.transactions: TransactionSource = transactions
+
+    # -- claim: what is decided before any transaction --------------------------------------
+
+    def _claim(self, keyed: List[Delivery], snap: Snapshot) -> List[Delivery]:
+        """Twins in this process are answered at once (or from their twin's outcome); the
+        others are held (entered in the in-process registry), and those likely to be
+        duplicates (redeliveries, keys committed here lately) are looked up in one round
+        trip."""
+        held, suspects = [], []
+        for delivery in keyed:
+            element: DedupElement = delivery.element  # type: ignore[assignment]
+            mine, twin = self._in_flight.enter(element, snap.hold_ms)
+            if twin is not None:
+                consumed = None
+                if snap.in_progress_wait_ms:
+                    consumed = self._in_flight.wait(twin, snap.in_progress_wait_ms)
+                self._twin_answer(delivery, consumed, snap)
+                continue
+            delivery.attempt = mine
+            held.append(delivery)
+            if self._suspect(delivery):
+                suspects.append(delivery)
+        if suspects:
+            elements = [d.element for d in suspects]
+            try:
+                records = self._store_call(snap, StoreOp.LOOKUP, self.store.read_many, elements)
+            except StoreError as exc:
+                self._store_failed(suspects, exc, snap)
+                return held
+            for delivery, record in zip(suspects, records, strict=True):
+                if record is not None:
+                    delivery.status = self._refused(delivery, record, snap)
+        return held
 
     # -- run: one transaction per message (more with local retries) ------------------------
 
@@ -203,7 +361,7 @@ class TransactionalStrategy(DedupTemplate):
             delivery.outcome = Outcome.KEY_ERROR
             return LATER
         try:
-            tx = self.transactions.begin(max(1, -(-snap.hold_ms // 1000)))
+            tx = self.transactions.begin(hold_seconds(snap))
         except TransactionMisuseError as exc:  # an engine in autocommit mode
             self._log.log(logging.ERROR, "%s; the message will be consumed later", exc)
             delivery.outcome = Outcome.STORE_ERROR_LATER
@@ -296,22 +454,7 @@ class TransactionalStrategy(DedupTemplate):
         misuse = tx.misuse()
         if misuse is not None:
             return self._misused(delivery, f"do_handle_msg {misuse}")
-        status = SUCCESS if result is True else answer(result, commit=True)
-        if status is not SUCCESS:
-            delivery.outcome = Outcome.FAILED
-        return status
-
-    def _misused(self, delivery: Delivery, what: str) -> ConsumeStatus:
-        """The handler ended, left or broke its transaction: rolled back, never reused, and
-        the message consumed later."""
-        self._log.log(
-            logging.ERROR,
-            "%s; the transaction was rolled back and the message will be consumed later "
-            "(return True to commit, False or raise to roll back)",
-            what,
-        )
-        delivery.outcome = Outcome.FAILED
-        return LATER
+        return self._handler_status(delivery, result)
 
     def _commit(
         self,
@@ -324,21 +467,12 @@ class TransactionalStrategy(DedupTemplate):
     ) -> ConsumeStatus:
         """The CONSUMED record with the COMMIT; a record of another copy refuses it (this one
         is rolled back and answered as that copy's duplicate)."""
-        owner = owner_tokens.next()
-        if delivery.fingerprint is not None:
-            owner = with_fingerprint(owner, delivery.fingerprint)
+        owner = self._owner(delivery)
         refused = self._store_call(
             snap, StoreOp.COMMIT, tx.commit_record, element, owner, snap.retention_ms, applied
         )
-        if refused is not None:
-            logger.info("%r was recorded by another attempt; rolled back", element)
-            return self._refused(delivery, refused, snap)
-        self._after_commit(tx)
-        self._remember(element)
-        if verdict is _Verdict.STALE:
-            return self._duplicate(delivery, DedupStatus.CONSUMED, snap)
-        delivery.outcome = Outcome.CONSUMED
-        return SUCCESS
+        stale = verdict is _Verdict.STALE
+        return self._record_committed(delivery, tx, element, refused, stale, snap)
 
     def _commit_failure(
         self,
@@ -351,9 +485,7 @@ class TransactionalStrategy(DedupTemplate):
         """A permanent failure: the handler's writes rolled back and the FAILED record
         committed alone (its answer, ``answer_``, stays); a record of another copy in the way
         refuses it (this one commits nothing and is answered as that copy's duplicate)."""
-        owner = owner_tokens.next()
-        if delivery.fingerprint is not None:
-            owner = with_fingerprint(owner, delivery.fingerprint)
+        owner = self._owner(delivery)
         refused = self._store_call(
             snap,
             StoreOp.MARK_FAILED,
@@ -379,76 +511,7 @@ class TransactionalStrategy(DedupTemplate):
             record = self._store_call(snap, StoreOp.LOOKUP, self.store.read, element)
         except StoreError:
             return LATER
-        if record is None or record.status is DedupStatus.CONSUMING:
-            return LATER
-        return self._refused(delivery, record, snap)
-
-    def _transaction_failed(self, delivery: Delivery, exc: StoreError) -> None:
-        """A statement of the dedup layer failed: logged as what it is (an outage, a lock
-        conflict, a refusal a person must fix, a defect); the message is consumed later."""
-        if isinstance(exc, StoreLockConflictError):
-            delivery.outcome = Outcome.LOCK_CONFLICT
-            self._log.log(
-                logging.WARNING,
-                "a lock wait timed out or a deadlock was broken in the message's transaction "
-                "(%s): another copy or another step of its entity held the lock; rolled back, "
-                "the message will be consumed later",
-                exc,
-            )
-            return
-        if isinstance(exc, StoreMisconfiguredError):
-            delivery.outcome = Outcome.STORE_MISCONFIGURED
-            self._log.log(
-                logging.ERROR,
-                "the database refused the message's transaction: %s; rolled back, the message "
-                "will be consumed later (a configuration a person must fix, not an outage)",
-                exc,
-            )
-            return
-        delivery.outcome = Outcome.STORE_ERROR_LATER
-        if isinstance(exc, StoreUnavailableError):
-            self._log.log(
-                logging.WARNING,
-                "the business database is unavailable (%s); the message will be consumed later "
-                "(the exactly-once mode never consumes without it)",
-                exc,
-            )
-        else:
-            self._log.log(
-                logging.ERROR,
-                "the message's transaction failed (%s); rolled back, consume later",
-                exc,
-                exc_info=exc,
-            )
-
-    def _after_commit(self, tx: Transaction) -> None:
-        """What the handler asked to hear of the COMMIT (``Transaction.call_after_commit``, the
-        outbox's relay wake-up), each called once; one that raises is logged."""
-        for callback in tx.after_commit or ():
-            try:
-                callback()
-            except Exception:
-                self._log.log(
-                    logging.ERROR, "an after-commit callback raised; ignored", exc_info=True
-                )
-
-    def _remember(self, element: DedupElement) -> None:
-        """A key committed here: a later copy of it is looked up before its handler."""
-        recent = self._recent
-        with self._recent_lock:
-            recent[element] = None
-            if len(recent) > RECENT_KEYS:
-                recent.popitem(last=False)
-
-    # -- finish --------------------------------------------------------------------------
-
-    def _finish(self, held: List[Delivery], statuses: List[ConsumeStatus], snap: Snapshot) -> None:
-        """Every held attempt leaves the in-process registry, with its outcome."""
-        registry = self._in_flight
-        for delivery in held:
-            consumed = delivery.outcome in (Outcome.CONSUMED, Outcome.DUPLICATE_CONSUMED)
-            consumed = consumed and delivery.failure is None
-            registry.leave(delivery.element, delivery.attempt, consumed)
+        return self._found_after_failure(delivery, record, snap)
 
     # -- the sequence guard --------------------------------------------------------------
 
@@ -506,4 +569,4 @@ def _sequence_problem(raw: Any) -> Optional[str]:
     return None
 
 
-__all__ = ["TransactionalStrategy", "transactions_of"]
+__all__ = ["TransactionDecisions", "TransactionalStrategy", "hold_seconds", "transactions_of"]

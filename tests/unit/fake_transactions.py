@@ -1,6 +1,7 @@
 """A fake of the exactly-once mode's transaction port (rocketmq_dedup.stores.transaction) over
-the memory store, for unit tests of the exactly-once decisions without a database. The real
-port (MySQL) is tested against MariaDB in tests/integration/exactly_once/.
+the memory store, for unit tests of the exactly-once decisions without a database, and its
+asyncio face (the same fake, awaited). The real ports are tested against MariaDB and
+PostgreSQL in tests/integration/exactly_once/ and tests/integration/test_aio_exactly_once.py.
 
 The fake database: committed records are the memory store's (what the strategy reads), the
 business writes a list of committed values, sequence numbers a dict, key locks a dict of their
@@ -14,9 +15,12 @@ import threading
 from typing import Any, Callable, Dict, List, Optional
 
 from rocketmq_dedup.message import DedupElement
+from rocketmq_dedup.stores.aio import AsyncMemoryDedupStore
 from rocketmq_dedup.stores.base import Claim, Record
 from rocketmq_dedup.stores.memory import MemoryDedupStore
 from rocketmq_dedup.stores.transaction import (
+    AsyncTransaction,
+    AsyncTransactionSource,
     Entity,
     KeyClaim,
     SequenceStep,
@@ -162,3 +166,55 @@ class FakeTransactionalStore(MemoryDedupStore):
     def __init__(self) -> None:
         super().__init__()
         self.transactions = FakeTransactions(self)
+
+
+class AsyncFakeTransaction(AsyncTransaction):
+    """A :class:`FakeTransaction`, awaited (the asyncio port); the handler is awaited."""
+
+    def __init__(self, tx: FakeTransaction) -> None:
+        self.tx = tx
+        self.conn = tx.conn
+
+    async def claim_key(self, element: DedupElement) -> KeyClaim:
+        return self.tx.claim_key(element, None)
+
+    async def before_handler(self) -> None:
+        self.tx.before_handler()
+
+    async def run_handler(self, handler: Callable[[Any, Any], Any], msg: Any) -> Any:
+        self.tx.source.steps.append("run_handler")
+        return await handler(msg, self.conn)
+
+    async def misuse(self) -> Optional[str]:
+        return self.tx.misuse()
+
+    async def commit_record(
+        self, element: DedupElement, owner: str, retention_ms: int
+    ) -> Optional[Record]:
+        return self.tx.commit_record(element, owner, retention_ms)
+
+    async def commit(self) -> None:
+        self.tx.commit()
+
+    async def close(self) -> None:
+        self.tx.close()
+
+
+class AsyncFakeTransactions(AsyncTransactionSource):
+    """:class:`FakeTransactions`' transactions, awaited."""
+
+    def __init__(self, source: FakeTransactions) -> None:
+        self.source = source
+
+    async def begin(self, hold_seconds: int) -> AsyncTransaction:
+        return AsyncFakeTransaction(self.source.begin(hold_seconds))  # type: ignore[arg-type]
+
+
+class AsyncFakeTransactionalStore(AsyncMemoryDedupStore):
+    """The asyncio memory store over a :class:`FakeTransactionalStore`, with the fake's
+    transactions awaited."""
+
+    def __init__(self) -> None:
+        self.fake = FakeTransactionalStore()
+        super().__init__(self.fake)
+        self.transactions = AsyncFakeTransactions(self.fake.transactions)

@@ -74,6 +74,7 @@ from rocketmq_dedup.stores.mysql.store import (
     no_reason_column,
     settle_claims,
 )
+from rocketmq_dedup.stores.mysql.transaction_aio import AsyncMySQLTransactions
 from rocketmq_dedup.stores.pool_aio import AsyncBoundedPool
 from rocketmq_dedup.stores.sql_common import (
     add_reasons,
@@ -150,6 +151,17 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
             is_connection_error,
             self.describe,
         )
+        #: The transactions of exactly_once over an async def (:mod:`.transaction_aio`): a
+        #: pool of their own, so a transaction held for a whole function never starves claims.
+        self.transactions = AsyncMySQLTransactions(
+            functools.partial(self._open, connect),
+            _close,
+            self.table_name,
+            size,
+            timeout,
+            is_connection_error,
+            self.describe,
+        )
 
     @staticmethod
     async def _open(connect: Callable[[], Awaitable[Any]]) -> Any:
@@ -190,6 +202,7 @@ class AsyncMySQLDedupStore(AsyncDedupStore):
 
     async def aclose(self) -> None:
         await self._pool.close()
+        await self.transactions.close()
 
     async def create_table(self) -> None:
         """Create every table the store uses (the sync store's statements), if missing."""

@@ -44,9 +44,10 @@ those writes may apply twice); and the raw DB-API connection reached behind the 
 from __future__ import annotations
 
 import abc
+import enum
 import logging
 import time
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from rocketmq_dedup.errors import StoreError, TransactionMisuseError
 from rocketmq_dedup.message import DedupElement, element_digest
@@ -92,9 +93,9 @@ from rocketmq_dedup.stores.transaction import (
 logger = logging.getLogger(__name__)
 
 #: How a session that went into autocommit mode is told.
-_AUTOCOMMIT = "switched its session to autocommit mode (SET autocommit = 1)"
-_COMMIT: Tuple[str, Sequence[Any]] = ("COMMIT", ())
-_ROLLBACK: Tuple[str, Sequence[Any]] = ("ROLLBACK", ())
+AUTOCOMMIT = "switched its session to autocommit mode (SET autocommit = 1)"
+COMMIT: Tuple[str, Sequence[Any]] = ("COMMIT", ())
+ROLLBACK: Tuple[str, Sequence[Any]] = ("ROLLBACK", ())
 
 
 class TransactionSql(NamedTuple):
@@ -259,14 +260,14 @@ class MySQLTransaction(SqlTransaction):
             taken, rows = self._run_all([lock, read])
         else:
             (taken,) = self._run_all([lock])
-        if not _lock_taken(taken):
+        if not lock_taken(taken):
             return KeyClaim(False)
         self._lock = name
         last = None
         if entity is not None:
             _, seq_rows, rows = self._run_all([*self._sequence_lock(entity), read])
             last = _last_seq(seq_rows)
-        return KeyClaim(True, _live_record(rows, element), last)
+        return KeyClaim(True, live_record(rows, element), last)
 
     def _sequence_lock(self, entity: Entity) -> Statements:
         """Lock the entity's row (creating it when new), then read it."""
@@ -302,7 +303,7 @@ class MySQLTransaction(SqlTransaction):
         """ROLLBACK (the handler's writes; a named lock is a session's and stays), then the
         FAILED record alone and COMMIT; without the reason on a table made before FAILED
         records (no reason column)."""
-        self._run_all([_ROLLBACK])
+        self._run_all([ROLLBACK])
         digest = element_digest(element)
         row = (*record_row(element, digest), owner, retention_ms)
         insert = (self.sql.insert_failed, (*row, reason))
@@ -317,7 +318,7 @@ class MySQLTransaction(SqlTransaction):
             "ALTER TABLE that adds it)",
             element,
         )
-        self._run_all([_ROLLBACK])
+        self._run_all([ROLLBACK])
         insert = (self.sql.insert_failed_no_reason, row)
         return self._insert_and_commit(element, digest, [insert], insert)
 
@@ -334,28 +335,54 @@ class MySQLTransaction(SqlTransaction):
             try:
                 self._commit_after(statements)
             except Exception as exc:
-                if error_code(exc) != DUPLICATE_ENTRY:
+                if not refused_by_a_record(exc):
                     raise
             else:
                 self._open = False
                 return None
             (rows,) = self._run_all([(self.sql.lock_record, (digest,))])
-            if not rows:  # deleted meanwhile (an operator): write it again
-                statements = [insert]
-                continue
-            status, holder, expired = rows[0]
-            if not int(expired) or attempt == 2:
-                record = Record(parse_status(column_text(status)), column_text(holder))
-                return record._replace(element=element)
-            self._run_all([(self.sql.delete_expired, (digest,))])
+            found = in_the_way(rows, attempt, element)
+            if isinstance(found, Record):
+                return found
+            if found is InTheWay.EXPIRED:
+                self._run_all([(self.sql.delete_expired, (digest,))])
             statements = [insert]  # the sequence update (if any) is already done
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _end_statements(self, end: Tuple[str, Sequence[Any]]) -> Statements:
-        """``end`` (COMMIT or ROLLBACK), then the release of the named lock, if held."""
-        if self._lock is None:
-            return [end]
-        return [end, (KEY_UNLOCK_SQL, (self._lock,))]
+        return end_statements(end, self._lock)
+
+
+class InTheWay(enum.Enum):
+    """What refused a record's INSERT, when it is not a live record to answer with."""
+
+    GONE = "gone"  # deleted meanwhile (an operator): write it again
+    EXPIRED = "expired"  # an expired record: delete it, then write again
+
+
+def refused_by_a_record(exc: BaseException) -> bool:
+    """Whether a record's INSERT (or the COMMIT after it) failed on the key's primary key."""
+    return error_code(exc) == DUPLICATE_ENTRY
+
+
+def in_the_way(rows: Any, attempt: int, element: DedupElement) -> Union[Record, InTheWay]:
+    """What the record in the way of an INSERT is (its row locked by
+    :data:`~.sql.RECORD_LOCK_SQL`): the live record of another attempt to answer with (an
+    expired one too, on the second attempt), or what to do before writing again."""
+    if not rows:
+        return InTheWay.GONE
+    status, holder, expired = rows[0]
+    if not int(expired) or attempt == 2:
+        record = Record(parse_status(column_text(status)), column_text(holder))
+        return record._replace(element=element)
+    return InTheWay.EXPIRED
+
+
+def end_statements(end: Tuple[str, Sequence[Any]], lock: Optional[str]) -> Statements:
+    """``end`` (COMMIT or ROLLBACK), then the release of the key's named ``lock``, if held."""
+    if lock is None:
+        return [end]
+    return [end, (KEY_UNLOCK_SQL, (lock,))]
 
 
 class DbapiTransaction(MySQLTransaction):
@@ -370,11 +397,11 @@ class DbapiTransaction(MySQLTransaction):
         return self._runner.run_all(statements)
 
     def _commit_after(self, statements: Statements) -> None:
-        self._runner.run_all([*statements, *self._end_statements(_COMMIT)])
+        self._runner.run_all([*statements, *self._end_statements(COMMIT)])
         self._lock = None
 
     def _rollback(self) -> None:
-        self._runner.run_all(self._end_statements(_ROLLBACK))
+        self._runner.run_all(self._end_statements(ROLLBACK))
         self._lock = None
 
     def _session_changed(self) -> Optional[str]:
@@ -394,7 +421,7 @@ class DbapiTransaction(MySQLTransaction):
             # transaction open: ask (a handler that touched no table, or autocommit on)
             rows = runner.run(AUTOCOMMIT_SQL, (), True)
             autocommit = bool(rows and int(rows[0][0]))
-        return _AUTOCOMMIT if autocommit else None
+        return AUTOCOMMIT if autocommit else None
 
     def _give_back(self, fit: bool) -> None:
         runner = self._runner
@@ -421,7 +448,7 @@ class SqlAlchemyTransaction(MySQLTransaction):
             dbapi = self._dbapi()
             self._session = session_id(dbapi)
             if autocommit_on(dbapi):
-                self.misused = _AUTOCOMMIT
+                self.misused = AUTOCOMMIT
                 raise TransactionMisuseError(
                     "the engine's connections are in autocommit mode (isolation_level="
                     "'AUTOCOMMIT'): engine.begin() opens no transaction there, so the "
@@ -484,7 +511,7 @@ class SqlAlchemyTransaction(MySQLTransaction):
         root = self._root
         if root is None or not root.is_active or self.conn.get_transaction() is not root:
             return "ended its transaction (commit() or rollback())"
-        return _AUTOCOMMIT if autocommit_on(self._dbapi()) else None
+        return AUTOCOMMIT if autocommit_on(self._dbapi()) else None
 
     def _guard(self) -> None:
         from rocketmq_dedup.stores.sqlalchemy_guard import guard
@@ -505,7 +532,7 @@ class SqlAlchemyTransaction(MySQLTransaction):
         conn.close()
 
 
-def _lock_taken(value: Any) -> bool:
+def lock_taken(value: Any) -> bool:
     """``GET_LOCK``'s answer: 1 taken, 0 held by another session; NULL (an error on the
     server, such as the session being killed) raises."""
     rows = value
@@ -520,7 +547,7 @@ def _last_seq(rows: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def _live_record(rows: Any, element: DedupElement) -> Optional[Record]:
+def live_record(rows: Any, element: DedupElement) -> Optional[Record]:
     """The record :data:`~.sql.RECORD_READ_SQL` read, if any."""
     if not rows:
         return None
@@ -529,9 +556,18 @@ def _live_record(rows: Any, element: DedupElement) -> Optional[Record]:
 
 
 __all__ = [
+    "AUTOCOMMIT",
+    "COMMIT",
+    "ROLLBACK",
     "DbapiTransaction",
+    "InTheWay",
     "MySQLTransaction",
     "MySQLTransactions",
     "SqlAlchemyTransaction",
     "TransactionSql",
+    "end_statements",
+    "in_the_way",
+    "live_record",
+    "lock_taken",
+    "refused_by_a_record",
 ]

@@ -59,6 +59,10 @@ from rocketmq_dedup.stores.postgres.store import (
     decided,
     describe_conninfo,
 )
+from rocketmq_dedup.stores.postgres.transaction_aio import (
+    AsyncPostgresTransactions,
+    transactions_for,
+)
 from rocketmq_dedup.stores.sql_common import (
     add_reasons,
     failed_keys,
@@ -144,6 +148,10 @@ class AsyncPostgresDedupStore(PostgresBoundary, AsyncDedupStore):
         self._sql: Dict[str, str] = {k: v.format(table=table) for k, v in _STATEMENTS.items()}
         self._user_pool: Any = None
         self._pool: Optional[AsyncBoundedPool[Any]] = None
+        #: The transactions of exactly_once over an async def (:mod:`.transaction_aio`): on a
+        #: factory, their own pool, so a transaction held for a whole function never starves
+        #: claims; on a psycopg_pool pool, that pool.
+        self.transactions: AsyncPostgresTransactions
         if isinstance(source, functools.partial):
             conninfo = source.args[0] if source.args and isinstance(source.args[0], str) else ""
             keywords = {k: v for k, v in source.keywords.items() if k != "conninfo"}
@@ -162,6 +170,16 @@ class AsyncPostgresDedupStore(PostgresBoundary, AsyncDedupStore):
                 connections.is_outage,
                 self.describe,
             )
+            self.transactions = transactions_for(
+                self.table_name,
+                self.wrap_error,
+                functools.partial(self._open, source),
+                _close,
+                size,
+                timeout,
+                connections.is_outage,
+                self.describe,
+            )
         else:
             if pool_size is not None or pool_timeout is not None:
                 raise DedupConfigError(
@@ -169,6 +187,17 @@ class AsyncPostgresDedupStore(PostgresBoundary, AsyncDedupStore):
                     "max_size and timeout do"
                 )
             self._user_pool = source
+            self.transactions = transactions_for(
+                self.table_name,
+                self.wrap_error,
+                None,
+                _close,
+                0,
+                0.0,
+                connections.is_outage,
+                self.describe,
+                user_pool=source,
+            )
             where = f"{describe_conninfo(str(source.conninfo or ''), dict(source.kwargs or {}))}"
             where = f"{where or 'pool'} (psycopg_pool {source.name})"
         self._description = f"PostgreSQL {where} table {self.table_name} (asyncio)"
@@ -201,6 +230,7 @@ class AsyncPostgresDedupStore(PostgresBoundary, AsyncDedupStore):
     async def aclose(self) -> None:
         if self._pool is not None:
             await self._pool.close()
+        await self.transactions.close()
 
     async def create_table(self) -> None:
         """Create the dedup table if it does not exist (the sync store's statements)."""

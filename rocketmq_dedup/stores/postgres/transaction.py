@@ -422,7 +422,78 @@ class PostgresTransactions(TransactionSource):
         self.pool.close()
 
 
-class PostgresTransaction(SqlTransaction):
+class SessionChecks:
+    """What a transaction on a psycopg connection (sync or asyncio: the same ``pgconn``) reads
+    of its session after the handler and before the connection is reused, without a round
+    trip."""
+
+    lease: Any
+    broken: bool
+    misused: Optional[str]
+    _pgconn: Any
+    _backend: int
+    _aborted: bool
+    _begin: Any
+
+    def _session_misuse(self) -> Optional[str]:
+        changed: Optional[str] = self.lease.changed()
+        if changed is not None:
+            return changed
+        raw = self.lease.raw
+        if raw.closed:
+            return _LOST if raw.broken else "closed its connection"
+        pgconn = self._pgconn
+        if pgconn.backend_pid != self._backend:
+            return RECONNECTED
+        if pgconn.pipeline_status != pipeline.PIPELINE_OFF:
+            self.broken = True
+            return "left its connection in pipeline mode"
+        status = pgconn.transaction_status
+        if status == INTRANS:
+            return None
+        if status == IDLE:
+            return _ENDED
+        if status == INERROR:
+            self._aborted = True
+            return _ABORTED
+        self.broken = True
+        return "left a statement running on its connection"
+
+    def _rollback_needed(self) -> bool:
+        """Whether the transaction's end must send a ROLLBACK: not when nothing was sent
+        (``_begin`` still pending) or the session is idle; not either when the connection
+        cannot take one (closed, in pipeline mode, a statement running: marked broken, and
+        closing it ends the session, which rolls it back)."""
+        if self._begin is not None:  # nothing was sent: nothing to roll back
+            return False
+        pgconn = self._pgconn
+        if self.lease.raw.closed or pgconn.pipeline_status != pipeline.PIPELINE_OFF:
+            self.broken = True
+            return False
+        status = pgconn.transaction_status
+        if status == IDLE:
+            return False
+        if status not in (INTRANS, INERROR):  # a statement still running: never reused
+            self.broken = True
+            return False
+        return True
+
+    def _fit(self) -> bool:
+        """Not after an error of the dedup layer or misuse, unless the handler only left its
+        transaction aborted (rolled back: the session is as it was); and only when the session
+        is the one begun on, idle, out of pipeline mode."""
+        if self.broken or (self.misused is not None and not self._aborted):
+            return False
+        pgconn = self._pgconn
+        return (
+            not self.lease.raw.closed
+            and pgconn.backend_pid == self._backend
+            and pgconn.transaction_status == IDLE
+            and pgconn.pipeline_status == pipeline.PIPELINE_OFF
+        )
+
+
+class PostgresTransaction(SessionChecks, SqlTransaction):
     """One message's transaction on a lent psycopg connection (module docstring)."""
 
     def __init__(self, source: PostgresTransactions, lease: Lease, hold_seconds: int) -> None:
@@ -595,19 +666,8 @@ class PostgresTransaction(SqlTransaction):
         self._check_committed(committed)
 
     def _rollback(self) -> None:
-        if self._begin is not None:  # nothing was sent: nothing to roll back
-            return
-        pgconn = self._pgconn
-        if self.lease.raw.closed or pgconn.pipeline_status != pipeline.PIPELINE_OFF:
-            self.broken = True  # closing it ends the session, which rolls it back
-            return
-        status = pgconn.transaction_status
-        if status == IDLE:
-            return
-        if status not in (INTRANS, INERROR):  # a statement still running: never reused
-            self.broken = True
-            return
-        self._run([(_ROLLBACK, _NO_PARAMS)])
+        if self._rollback_needed():
+            self._run([(_ROLLBACK, _NO_PARAMS)])
 
     # -- the handler -------------------------------------------------------------------------------
 
@@ -624,45 +684,7 @@ class PostgresTransaction(SqlTransaction):
         if not isinstance(exc, Exception):
             self.broken = True
 
-    def _session_misuse(self) -> Optional[str]:
-        changed = self.lease.changed()
-        if changed is not None:
-            return changed
-        raw = self.lease.raw
-        if raw.closed:
-            return _LOST if raw.broken else "closed its connection"
-        pgconn = self._pgconn
-        if pgconn.backend_pid != self._backend:
-            return RECONNECTED
-        if pgconn.pipeline_status != pipeline.PIPELINE_OFF:
-            self.broken = True
-            return "left its connection in pipeline mode"
-        status = pgconn.transaction_status
-        if status == INTRANS:
-            return None
-        if status == IDLE:
-            return _ENDED
-        if status == INERROR:
-            self._aborted = True
-            return _ABORTED
-        self.broken = True
-        return "left a statement running on its connection"
-
     # -- the end -----------------------------------------------------------------------------------
-
-    def _fit(self) -> bool:
-        """Not after an error of the dedup layer or misuse, unless the handler only left its
-        transaction aborted (rolled back: the session is as it was); and only when the session
-        is the one begun on, idle, out of pipeline mode."""
-        if self.broken or (self.misused is not None and not self._aborted):
-            return False
-        pgconn = self._pgconn
-        return (
-            not self.lease.raw.closed
-            and pgconn.backend_pid == self._backend
-            and pgconn.transaction_status == IDLE
-            and pgconn.pipeline_status == pipeline.PIPELINE_OFF
-        )
 
     def _give_back(self, fit: bool) -> None:
         self.lease.give_back(fit)
@@ -691,8 +713,10 @@ def _live_record(result: Any, element: DedupElement) -> Optional[Record]:
 
 __all__ = [
     "HandlerConnection",
+    "Lease",
     "PostgresTransaction",
     "PostgresTransactions",
+    "SessionChecks",
     "TransactionSql",
     "begin_text",
     "lock_key",
