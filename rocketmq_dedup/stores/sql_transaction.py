@@ -13,7 +13,11 @@ MySQL and PostgreSQL:
 * after the handler, :meth:`misuse` asks the database's implementation how the session is
   (without a round trip where the driver knows), once;
 * :meth:`close` rolls back what is still open and gives the connection back only when nothing
-  went wrong with it; it never raises.
+  went wrong with it; it never raises. It also lets go of the handler's ``conn``: that object
+  refers back to the transaction (its guard reports misuse to :meth:`refuse`), and the cycle
+  would leave every message's transaction (4 to 10 objects) to the cyclic garbage collector,
+  which then ran about five times as often as for the same work written by hand (measured in
+  the bench's exactly-once cases); without it, reference counting frees them at once.
 """
 
 from __future__ import annotations
@@ -194,6 +198,7 @@ class SqlTransaction(SqlTransactionRules, Transaction):
             self._give_back(self._fit())
         except Exception:
             logger.debug("giving a transaction's connection back failed", exc_info=True)
+        self.conn = None  # the cycle through the handler's conn (module docstring)
 
     # -- shared rules ----------------------------------------------------------------------------
 

@@ -92,6 +92,24 @@ def run(pgconn: Any, steps: Sequence[Step], prepared: Optional[Set[bytes]] = Non
     return kept
 
 
+def run_text(pgconn: Any, text: bytes) -> List[Any]:
+    """Send ``text`` (statements without parameters, ``;``-separated) as one simple query and
+    return each statement's ``PGresult``, in order; the server runs none after one that fails
+    (whose result is then the last). Raises psycopg's ``OperationalError`` when the connection
+    fails."""
+    pgconn.send_query(text)
+    _flush(pgconn)
+    results: List[Any] = []
+    while True:
+        while pgconn.is_busy():
+            _wait(pgconn, _READ)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            return results
+        results.append(result)
+
+
 def _flush(pgconn: Any) -> None:
     """Send what libpq buffered (a non-blocking connection may take several writes), reading
     meanwhile so a server writing results back never waits on us."""
@@ -162,4 +180,4 @@ def sqlstate(result: Any) -> Optional[str]:
 _SQLSTATE = ord("C")  # PG_DIAG_SQLSTATE
 
 
-__all__ = ["Statement", "Step", "error_of", "failed", "run", "sqlstate"]
+__all__ = ["Statement", "Step", "error_of", "failed", "run", "run_text", "sqlstate"]

@@ -19,7 +19,8 @@ conflict: retried later).
 ended by the server after it, and SET LOCAL leaves nothing on the session) ride the first
 statements of the transaction, sent lazily::
 
-    at_commit                [BEGIN, SET LOCAL]  (before the handler)
+    at_commit                BEGIN; SET LOCAL    (before the handler: one simple query, not
+                                                  a pipeline, as nothing goes with them)
     at_commit + entity       [BEGIN, SET LOCAL, the entity's row lock]
     before_handler           [BEGIN, SET LOCAL, the key's try-lock, the key's record]
     before_handler + entity  [BEGIN, SET LOCAL, the key's try-lock], then, only once the key's
@@ -504,11 +505,14 @@ class PostgresTransaction(SessionChecks, SqlTransaction):
         raw = lease.raw
         self._pgconn = raw.pgconn
         self._backend = self._pgconn.backend_pid
+        begin = begin_text(raw)
         hold = b"SET LOCAL idle_in_transaction_session_timeout = %d" % (hold_seconds * 1000)
         self._begin_steps: List[Step] = [
-            (Statement(begin_text(raw)), _NO_PARAMS),
+            (Statement(begin), _NO_PARAMS),
             (Statement(hold), _NO_PARAMS),
         ]
+        #: The same two as one simple query, for when they go alone (:meth:`before_handler`).
+        self._begin_text = b"%s; %s" % (begin, hold)
         #: BEGIN and the hold, until a pipeline carried them.
         self._begin: Optional[List[Step]] = self._begin_steps
         self._aborted = False  # the handler left its transaction aborted (the session is fine)
@@ -569,9 +573,16 @@ class PostgresTransaction(SessionChecks, SqlTransaction):
         return _last_seq(seq)
 
     def before_handler(self) -> None:
-        """BEGIN (and the hold) if no pipeline carried them yet."""
+        """BEGIN and the hold, if no pipeline carried them yet: alone, as one simple query
+        (:func:`~.pipeline.run_text`)."""
         if self._begin is not None:
-            self._io(self._run, [])
+            self._io(self._begin_alone)
+
+    def _begin_alone(self) -> None:
+        for result in pipeline.run_text(self._pgconn, self._begin_text):
+            if failed(result):
+                raise error_of(self._pgconn, result)
+        self._begin = None
 
     def _commit_record(
         self,
