@@ -282,6 +282,7 @@ class AsyncSqlTransaction(SqlTransactionRules, AsyncTransaction):
             await self._give_back(self._fit())
         except Exception:
             logger.debug("giving a transaction's connection back failed", exc_info=True)
+        self.conn = None  # the cycle through the handler's conn (module docstring)
 
     async def _io(self, step: Awaitable[T]) -> T:
         """:meth:`SqlTransaction._io`, awaited."""
