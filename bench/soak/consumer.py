@@ -13,7 +13,8 @@ client's callback runs on one native thread from the claim to the answer). Event
   ``status``, ``holder`` token and ``left`` ms), ``error`` (the store raised); with the claim's
   ``owner`` token and how long the call ``took``;
 * ``renew``: per key, each lease renewal of the LeaseKeeper: ``ok``, ``lost`` (taken over) or
-  ``error``, with the ``owner`` and ``took``; ``mark`` (the CONSUMED mark: ``ok`` or ``error``)
+  ``error``, with the ``owner`` and ``took``; ``mark`` (the CONSUMED mark: ``ok``, ``deferred``:
+  queued to ride a later round trip, or ``error``)
   and ``release`` (``ok``, ``gone``: no longer ours, or ``error``), the same way;
 * ``effect_begin`` before the handler writes its effect (the line's time is the row's ``at``),
   ``effect`` once the row committed (``took``: connecting and the INSERT), ``effect_error``
@@ -180,17 +181,25 @@ class Observed(DedupStore):
             self._claims,
         )  # fmt: skip
 
+    def _marked(self) -> str:
+        """A mark's outcome once the call returned: ``deferred`` when the store queued it for a
+        later round trip (it lands after the listener answered: a SIGKILL meanwhile loses it),
+        else ``ok`` (written)."""
+        return "deferred" if getattr(self, "marks_deferred", False) else "ok"
+
     def mark_consumed(self, claim: Claim, retention_ms: int) -> None:
+        outcome = self._marked()
         self._observe(
             "mark", [claim], lambda: super(Observed, self).mark_consumed(claim, retention_ms),
-            lambda _: ["ok"],
+            lambda _: [outcome],
         )  # fmt: skip
 
     def mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
+        outcome = self._marked()
         self._observe(
             "mark", claims,
             lambda: super(Observed, self).mark_consumed_many(claims, retention_ms),
-            lambda _: ["ok"] * len(claims),
+            lambda _: [outcome] * len(claims),
         )  # fmt: skip
 
     def release(self, claim: Claim) -> bool:

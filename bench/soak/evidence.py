@@ -13,7 +13,8 @@ claim, for one of these causes (the cause reported is the one of the latest earl
   ``store_failure_policy="consume"``: outcome ``store_error_consumed``), or an earlier one did
   and so left no record.
 * ``killed_before_mark``: the earlier applier's process was SIGKILLed after its effect and
-  before its CONSUMED mark; its claim lapsed one lease after its last renewal.
+  before its CONSUMED mark (or before its deferred mark, ``mark deferred``, rode a round trip:
+  the listener answers first); its claim lapsed one lease after its last renewal.
 * ``mark_failed``: the earlier applier's handler succeeded but its CONSUMED mark failed (store
   outage): the message was acked and the claim lapsed after the lease.
 * ``record_lost_with_store``: the earlier applier's last write (claim, renewal or mark) was
@@ -212,10 +213,17 @@ class Applier:
 
     @property
     def marked(self) -> Optional[Span]:
-        """When its CONSUMED mark ran, if it succeeded."""
+        """When its CONSUMED mark ran, if it succeeded (a deferred one: unknown, see
+        :attr:`mark_deferred`)."""
         if self.mark is not None and fields(self.mark.detail).get("") == "ok":
             return span(self.mark)
         return None
+
+    @property
+    def mark_deferred(self) -> bool:
+        """Its CONSUMED mark was queued for a later round trip: it lands after the answer,
+        unless the process is killed first."""
+        return self.mark is not None and fields(self.mark.detail).get("") == "deferred"
 
     def describe(self) -> Dict[str, object]:
         return {
@@ -479,7 +487,7 @@ def lapsed_at(
         )
     if before.killed_at is not None and before.killed_at <= lapse:
         return "killed_before_mark", f"{who} was SIGKILLed after its effect, before its mark"
-    if before.mark is not None and before.marked is None:
+    if before.mark is not None and before.marked is None and not before.mark_deferred:
         return "mark_failed", f"{who}'s CONSUMED mark failed"
     cause, note = lapse_cause(before, confirmed[-1], lapse, context)
     if cause is None and lost:

@@ -33,3 +33,23 @@ def test_a_claim_of_a_lapsed_row_is_written_as_taken_over(
         ("taken_over", "second"),
     ]
     assert said[1]["holder"] == "first" and said[1]["status"] == "CONSUMING"
+
+
+def test_a_deferred_mark_is_written_as_deferred_and_a_written_one_as_ok(
+    mysql_table: str, app_name: str, tmp_path: Path
+) -> None:
+    """With deferral (the default) the mark's line says ``deferred``: it lands after the
+    listener answered, so the explainer must not take it for a landed mark (a SIGKILL in
+    between loses it); with ``defer_marks_ms=0`` it says ``ok``. (Before, both said ``ok``.)"""
+    said = []
+    for defer in (10, 0):
+        store = ObservedMySQL(mysql_connect(), mysql_table, defer_marks_ms=defer)
+        path = tmp_path / f"evidence-{defer}.log"
+        store.watch(Evidence(str(path)))
+        claim = Claim(DedupElement(app_name, "T", "", f"m{defer}"), "owner")
+        assert store.claim(claim, 60_000).claimed
+        store.mark_consumed(claim, 60_000)
+        store.close()
+        marks = [e for e in parse_events(path.read_text().splitlines()) if e.kind == "mark"]
+        said.append(fields(marks[0].detail)[""])
+    assert said == ["deferred", "ok"]

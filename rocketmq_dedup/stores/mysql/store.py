@@ -471,9 +471,18 @@ class MySQLDedupStore(SqlTables, DedupStore):
         else:
             self._mark(coalescer, retention_ms, claims)
 
+    @property
+    def marks_deferred(self) -> bool:
+        """Whether a CONSUMED mark made now rides a later round trip (coalescing on,
+        ``defer_marks_ms`` > 0, every lease so far long enough): the listener answers before
+        it lands."""
+        return self._coalescer is not None and may_defer(
+            self.defer_marks_ms, self._shortest_lease_ms
+        )
+
     def _mark(self, coalescer: Coalescer, retention_ms: int, claims: Sequence[Claim]) -> None:
         """Mark CONSUMED: deferred to a later round trip when allowed, else now."""
-        if may_defer(self.defer_marks_ms, self._shortest_lease_ms):
+        if self.marks_deferred:
             coalescer.defer(Request(_MARK, retention_ms, claims, ()))
         else:
             self._request(_MARK, retention_ms, claims)

@@ -171,11 +171,18 @@ class AsyncRedisDedupStore(AsyncDedupStore):
     async def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         await self._mark_or_defer(retention_ms, *self._keys_and_values(claims, CONSUMED))
 
+    @property
+    def marks_deferred(self) -> bool:
+        """The sync store's :attr:`~.store.RedisDedupStore.marks_deferred`."""
+        return self._coalescer is not None and may_defer(
+            self.defer_marks_ms, self._shortest_lease_ms
+        )
+
     async def _mark_or_defer(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
         """Mark CONSUMED: deferred to a later round trip when allowed (the sync store's rule),
         else now."""
         coalescer = self._coalescer
-        if coalescer is not None and may_defer(self.defer_marks_ms, self._shortest_lease_ms):
+        if coalescer is not None and self.marks_deferred:
             coalescer.defer(Request(self._mark, retention_ms, keys, values))
         else:
             await self._request(self._mark, retention_ms, keys, values)
@@ -230,15 +237,24 @@ class AsyncRedisDedupStore(AsyncDedupStore):
         request = Request(kind, millis, keys, values)
         if self._coalescer is not None:
             await self._coalescer.run(request)
-        elif self._cluster:  # one command per key, the keys concurrently
+        elif self._cluster:  # one command per key: the keys concurrently, a key's in order
             parts = transport.per_key(request)
-            await asyncio.gather(*(self._execute([part]) for part in parts))
+            by_key: Dict[bytes, List[Request]] = {}
+            for part in parts:
+                by_key.setdefault(part.keys[0], []).append(part)
+            await asyncio.gather(*(self._execute_each(same) for same in by_key.values()))
             transport.join_parts(request, parts)
         else:
             await self._execute([request])
         if request.error is not None:
             raise request.error
         return request.result
+
+    async def _execute_each(self, parts: List[Request]) -> None:
+        """Each request in its own round trip, one after the other (a key claimed twice in one
+        batch: the first claim wins, as on a single node)."""
+        for part in parts:
+            await self._execute([part])
 
     async def _execute(self, batch: List[Request]) -> None:
         """One round trip for ``batch`` (rerun once after the server lost a script or turned

@@ -229,10 +229,19 @@ class RedisDedupStore(OperatedStore):
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         self._mark_or_defer(retention_ms, *self._keys_and_values(claims, CONSUMED))
 
+    @property
+    def marks_deferred(self) -> bool:
+        """Whether a CONSUMED mark made now rides a later round trip (coalescing on,
+        ``defer_marks_ms`` > 0, every lease so far long enough): the listener answers before
+        it lands."""
+        return self._coalescer is not None and may_defer(
+            self.defer_marks_ms, self._shortest_lease_ms
+        )
+
     def _mark_or_defer(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
         """Mark CONSUMED: deferred to a later round trip when allowed, else now."""
         coalescer = self._coalescer
-        if coalescer is not None and may_defer(self.defer_marks_ms, self._shortest_lease_ms):
+        if coalescer is not None and self.marks_deferred:
             coalescer.defer(Request(self._mark, retention_ms, keys, values))
         else:
             self._request(self._mark, retention_ms, keys, values)
