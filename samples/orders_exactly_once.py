@@ -5,7 +5,10 @@ transaction's connection, with the order's step as its sequence number (strict m
 Whatever order the broker delivers the steps in, and however often, every order ends
 ``shipped`` with each step applied exactly once: a step that arrives before its predecessor
 is answered RECONSUME_LATER (the broker's retry brings it back), a repeat is acked without
-running, and the step's write commits together with its dedup record.
+running, and the step's write commits together with its dedup record. (With the classic
+client, a step and its predecessor that keep arriving in one pull can hold each other back
+until the DLQ: librocketmq sends the rest of a pull back unrun after a RECONSUME_LATER;
+README, "Under faults". The 5.x clients deliver one message per call.)
 
 python -m samples.orders_exactly_once              # consume until Ctrl-C
 python -m samples.orders_exactly_once --orders 5   # also send 5 orders' steps as 3, 1, 2 with
