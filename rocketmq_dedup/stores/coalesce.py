@@ -355,9 +355,10 @@ class Coalescer:
             wake.set()
 
     def flush(self) -> None:
-        """Send the deferred requests now (waiting for the round trip that carries them);
-        nothing when there are none."""
-        if self._deferred:
+        """Send the deferred requests now, and wait for the round trip that carries them (the
+        one in flight may: a read after a flush sees every mark); nothing when there are none
+        and no round trip is in flight."""
+        if self._deferred or self._busy:
             self.run(Request(FLUSH, 0, (), ()))
 
     def _flush_due(self, wake: threading.Event, seen: int) -> Tuple[Optional[float], int]:

@@ -357,6 +357,28 @@ def test_flush_sends_the_deferred_now_and_nothing_without_them(waker: Any) -> No
     assert coalescer.idle
 
 
+def test_flush_waits_for_the_round_trip_carrying_the_deferred(waker: Any) -> None:
+    """flush() while a round trip carrying the deferred requests is in flight (the flusher's,
+    or a claim's) returns only after it landed: a read after flush() sees every mark (before:
+    it returned at once, nothing being left to send, and a read raced the mark)."""
+    execute = Blocker()
+    coalescer = Coalescer(execute, waker, defer_ms=60_000)
+    deferred = Request("mark", 1, [b"a"], ["v"])
+    coalescer.defer(deferred)
+    first = start_blocked_round(coalescer, execute)  # carries the deferred request
+    seen_at_return: List[Any] = []
+    flusher = threading.Thread(
+        target=lambda: (coalescer.flush(), seen_at_return.append(deferred.result))
+    )
+    flusher.start()
+    flusher.join(0.3)
+    execute.release.set()
+    for t in (first, flusher):
+        t.join(10)
+    assert seen_at_return == ["done"]
+    assert coalescer.idle
+
+
 def test_a_failed_deferred_request_is_sent_again_then_reported(
     waker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
