@@ -443,10 +443,35 @@ def check_defer_ms(value: Any) -> int:
     return value
 
 
-def may_defer(defer_ms: int, shortest_lease_ms: float) -> bool:
-    """Whether a store may defer a CONSUMED mark: deferral is on, and every lease it claimed
-    with is at least :data:`LEASE_PER_DEFER` times ``defer_ms``."""
-    return defer_ms > 0 and defer_ms * LEASE_PER_DEFER <= shortest_lease_ms
+class DeferredMarks:
+    """The rule of the coalescing stores (Redis, asyncio Redis, MySQL) for when a CONSUMED
+    mark may ride a later round trip: coalescing on, ``defer_marks_ms`` > 0, and every lease
+    the store claimed with so far at least :data:`LEASE_PER_DEFER` times ``defer_marks_ms``
+    (the claim hooks call :meth:`_note_lease`)."""
+
+    defer_marks_ms: int
+    _shortest_lease_ms = float("inf")  # of every claim so far
+
+    def _init_deferred_marks(self, defer_marks_ms: Any, coalesce: bool) -> int:
+        """Check and keep ``defer_marks_ms`` (a :class:`DedupConfigError` if out of range)."""
+        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
+        #: The shortest lease that lets a mark wait; None: marks are never deferred.
+        self._lease_to_defer_ms = (
+            self.defer_marks_ms * LEASE_PER_DEFER if coalesce and self.defer_marks_ms else None
+        )
+        return self.defer_marks_ms
+
+    def _note_lease(self, lease_ms: int) -> None:
+        """Remember a claim's lease (the shortest one decides :attr:`marks_deferred`)."""
+        if lease_ms < self._shortest_lease_ms:
+            self._shortest_lease_ms = lease_ms
+
+    @property
+    def marks_deferred(self) -> bool:
+        """Whether a CONSUMED mark made now rides a later round trip: the listener answers
+        before it lands."""
+        needed = self._lease_to_defer_ms
+        return needed is not None and needed <= self._shortest_lease_ms
 
 
 def marks_failed_reporter(

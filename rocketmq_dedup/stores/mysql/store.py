@@ -23,12 +23,11 @@ from rocketmq_dedup.stores.base import (
 from rocketmq_dedup.stores.coalesce import (
     DEFAULT_DEFER_MS,
     Coalescer,
+    DeferredMarks,
     Request,
     by_kind,
-    check_defer_ms,
     deliver,
     marks_failed_reporter,
-    may_defer,
 )
 from rocketmq_dedup.stores.mysql.connection import (
     MySQLdbRunner,
@@ -134,7 +133,7 @@ def describe_factory(connect: Callable[[], Any]) -> str:
     return f"{user}@{where}/{database or ''}" if user else f"{where}/{database or ''}"
 
 
-class MySQLDedupStore(SqlTables, DedupStore):
+class MySQLDedupStore(DeferredMarks, SqlTables, DedupStore):
     """Dedup records in a MySQL/MariaDB table.
 
     :param connect: a zero-argument callable returning a new DB-API connection (mysqlclient,
@@ -197,7 +196,7 @@ class MySQLDedupStore(SqlTables, DedupStore):
         self._database: Optional[str] = keywords.get("database", keywords.get("db"))
         self._pool = ConnectionPool(self._open_runner, pool_size, pool_timeout, self.describe)
         self._op = self._pool.run
-        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
+        self._init_deferred_marks(defer_marks_ms, coalesce)
         self._coalescer = (
             Coalescer(
                 self._execute,
@@ -207,7 +206,6 @@ class MySQLDedupStore(SqlTables, DedupStore):
             if coalesce
             else None
         )
-        self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         #: The exactly-once mode's sequence table (``<table>_seq``); None when that name would
         #: be too long (a table name of 61-64 characters): the mode then runs without one.
         self.sequence_table_name: Optional[str] = sequence_table_name(table_name)
@@ -444,15 +442,13 @@ class MySQLDedupStore(SqlTables, DedupStore):
     # Claims, marks and releases: coalesced (the default), or each on a pooled connection.
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
-        if lease_ms < self._shortest_lease_ms:
-            self._shortest_lease_ms = lease_ms
+        self._note_lease(lease_ms)
         if self._coalescer is not None:
             return self._request(_CLAIM, lease_ms, [claim])[0]  # type: ignore[no-any-return]
         return self._op(self._claim, claim, lease_ms)
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
-        if lease_ms < self._shortest_lease_ms:
-            self._shortest_lease_ms = lease_ms
+        self._note_lease(lease_ms)
         if self._coalescer is not None:
             return list(self._request(_CLAIM, lease_ms, claims))
         return self._op(self._claim_many, claims, lease_ms)
@@ -470,15 +466,6 @@ class MySQLDedupStore(SqlTables, DedupStore):
             self._op(self._mark_consumed_many, claims, retention_ms)
         else:
             self._mark(coalescer, retention_ms, claims)
-
-    @property
-    def marks_deferred(self) -> bool:
-        """Whether a CONSUMED mark made now rides a later round trip (coalescing on,
-        ``defer_marks_ms`` > 0, every lease so far long enough): the listener answers before
-        it lands."""
-        return self._coalescer is not None and may_defer(
-            self.defer_marks_ms, self._shortest_lease_ms
-        )
 
     def _mark(self, coalescer: Coalescer, retention_ms: int, claims: Sequence[Claim]) -> None:
         """Mark CONSUMED: deferred to a later round trip when allowed, else now."""

@@ -38,10 +38,9 @@ from rocketmq_dedup.stores.aio import AsyncDedupStore, is_async_redis_client
 from rocketmq_dedup.stores.base import Claim, ClaimResult, Record
 from rocketmq_dedup.stores.coalesce import (
     DEFAULT_DEFER_MS,
+    DeferredMarks,
     Request,
-    check_defer_ms,
     marks_failed_reporter,
-    may_defer,
 )
 from rocketmq_dedup.stores.coalesce_aio import AsyncCoalescer
 from rocketmq_dedup.stores.redis import acl, transport
@@ -76,7 +75,7 @@ except ImportError:  # pragma: no cover - exercised by the no-extras import test
 logger = logging.getLogger(__name__)
 
 
-class AsyncRedisDedupStore(AsyncDedupStore):
+class AsyncRedisDedupStore(DeferredMarks, AsyncDedupStore):
     """Dedup records in Redis through ``redis.asyncio`` (module docstring).
 
     :param client: a ``redis.asyncio.Redis`` (plain, Sentinel's ``master_for``, TLS, unix
@@ -122,7 +121,7 @@ class AsyncRedisDedupStore(AsyncDedupStore):
                     "dedup store keeps one of its connections for its round trips, so it needs "
                     f"at least {MIN_POOL_SIZE}, or AsyncRedisDedupStore(client, coalesce=False)"
                 )
-        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
+        self._init_deferred_marks(defer_marks_ms, coalesce and not self._cluster)
         self._coalescer: Optional[AsyncCoalescer] = (
             AsyncCoalescer(
                 self._execute,
@@ -132,7 +131,6 @@ class AsyncRedisDedupStore(AsyncDedupStore):
             if coalesce and not self._cluster
             else None
         )
-        self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         self._conn: Any = None  # the coalesced round trips' connection, out of the pool
         self._set_nx_get = True  # until the server says it has no SET NX GET
         #: The kinds of claims, marks and releases: counted ones once count_lapses() was called.
@@ -151,15 +149,13 @@ class AsyncRedisDedupStore(AsyncDedupStore):
 
     async def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
-        if lease_ms < self._shortest_lease_ms:
-            self._shortest_lease_ms = lease_ms
+        self._note_lease(lease_ms)
         key = self._keys(element)
         reply = await self._request(self._claim, lease_ms, [key], [CONSUMING + owner])
         return claim_result(reply[0])
 
     async def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
-        if lease_ms < self._shortest_lease_ms:
-            self._shortest_lease_ms = lease_ms
+        self._note_lease(lease_ms)
         keys, values = self._keys_and_values(claims, CONSUMING)
         reply = await self._request(self._claim, lease_ms, keys, values)
         return [claim_result(r) for r in reply]
@@ -170,13 +166,6 @@ class AsyncRedisDedupStore(AsyncDedupStore):
 
     async def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         await self._mark_or_defer(retention_ms, *self._keys_and_values(claims, CONSUMED))
-
-    @property
-    def marks_deferred(self) -> bool:
-        """The sync store's :attr:`~.store.RedisDedupStore.marks_deferred`."""
-        return self._coalescer is not None and may_defer(
-            self.defer_marks_ms, self._shortest_lease_ms
-        )
 
     async def _mark_or_defer(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
         """Mark CONSUMED: deferred to a later round trip when allowed (the sync store's rule),

@@ -58,12 +58,11 @@ from rocketmq_dedup.stores.base import Claim, ClaimResult, Record, parse_status
 from rocketmq_dedup.stores.coalesce import (
     DEFAULT_DEFER_MS,
     Coalescer,
+    DeferredMarks,
     Request,
     Waker,
-    check_defer_ms,
     default_waker,
     marks_failed_reporter,
-    may_defer,
 )
 from rocketmq_dedup.stores.operations import (
     Diagnosis,
@@ -121,7 +120,7 @@ def is_redis_client(client: object) -> bool:
     return isinstance(client, (redis.Redis, RedisCluster))
 
 
-class RedisDedupStore(OperatedStore):
+class RedisDedupStore(DeferredMarks, OperatedStore):
     """Dedup records in Redis.
 
     :param client: a ``redis.Redis`` (plain, Sentinel, TLS, unix socket) or a
@@ -164,7 +163,7 @@ class RedisDedupStore(OperatedStore):
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {kind: client.register_script(text) for kind, text in SCRIPTS.items()}
         self._delete_script = client.register_script(DELETE_SCRIPT)  # operators only
-        self.defer_marks_ms = check_defer_ms(defer_marks_ms)
+        self._init_deferred_marks(defer_marks_ms, coalesce and not self._cluster)
         if coalesce and not self._cluster:
             _check_pool_size(client.connection_pool)
         self._coalescer = (
@@ -177,7 +176,6 @@ class RedisDedupStore(OperatedStore):
             if coalesce and not self._cluster
             else None
         )
-        self._shortest_lease_ms = float("inf")  # of every claim so far (see may_defer)
         self._set_nx_get = True  # until the server says it has no SET NX GET
         #: The kinds of claims, marks and releases: counted ones once count_lapses() was called.
         self._claim, self._mark, self._release = CLAIM, MARK, RELEASE
@@ -210,15 +208,13 @@ class RedisDedupStore(OperatedStore):
 
     def do_claim(self, claim: Claim, lease_ms: int) -> ClaimResult:
         element, owner = claim
-        if lease_ms < self._shortest_lease_ms:
-            self._shortest_lease_ms = lease_ms
+        self._note_lease(lease_ms)
         key = self.record_key(element)
         reply = self._request(self._claim, lease_ms, [key], [CONSUMING + owner])
         return claim_result(reply[0])
 
     def do_claim_many(self, claims: Sequence[Claim], lease_ms: int) -> List[ClaimResult]:
-        if lease_ms < self._shortest_lease_ms:
-            self._shortest_lease_ms = lease_ms
+        self._note_lease(lease_ms)
         reply = self._request(self._claim, lease_ms, *self._keys_and_values(claims, CONSUMING))
         return [claim_result(r) for r in reply]
 
@@ -228,15 +224,6 @@ class RedisDedupStore(OperatedStore):
 
     def do_mark_consumed_many(self, claims: Sequence[Claim], retention_ms: int) -> None:
         self._mark_or_defer(retention_ms, *self._keys_and_values(claims, CONSUMED))
-
-    @property
-    def marks_deferred(self) -> bool:
-        """Whether a CONSUMED mark made now rides a later round trip (coalescing on,
-        ``defer_marks_ms`` > 0, every lease so far long enough): the listener answers before
-        it lands."""
-        return self._coalescer is not None and may_defer(
-            self.defer_marks_ms, self._shortest_lease_ms
-        )
 
     def _mark_or_defer(self, retention_ms: int, keys: List[bytes], values: List[str]) -> None:
         """Mark CONSUMED: deferred to a later round trip when allowed, else now."""
