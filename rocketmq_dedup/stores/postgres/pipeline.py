@@ -100,14 +100,9 @@ def run_text(pgconn: Any, text: bytes) -> List[Any]:
     pgconn.send_query(text)
     _flush(pgconn)
     results: List[Any] = []
-    while True:
-        while pgconn.is_busy():
-            _wait(pgconn, _READ)
-            pgconn.consume_input()
-        result = pgconn.get_result()
-        if result is None:
-            return results
+    while (result := _next_result(pgconn)) is not None:
         results.append(result)
+    return results
 
 
 def _flush(pgconn: Any) -> None:
@@ -122,15 +117,20 @@ def _results(pgconn: Any) -> List[Any]:
     """Every result up to the pipeline's Sync (each statement's ends with a None)."""
     results: List[Any] = []
     while True:
-        while pgconn.is_busy():
-            _wait(pgconn, _READ)
-            pgconn.consume_input()
-        result = pgconn.get_result()
+        result = _next_result(pgconn)
         if result is None:
             continue
         if result.status == PIPELINE_SYNC:
             return results
         results.append(result)
+
+
+def _next_result(pgconn: Any) -> Any:
+    """The next ``PGresult`` (None at the end of a statement's), once the server sent it."""
+    while pgconn.is_busy():
+        _wait(pgconn, _READ)
+        pgconn.consume_input()
+    return pgconn.get_result()
 
 
 def _exit_pipeline(pgconn: Any) -> None:
