@@ -48,7 +48,30 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(10)
 
 
-class PrivateMariaDB:
+class _ServerProcess:
+    """A server process a test started: the faults it makes by PID, and :meth:`stop`."""
+
+    process: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        """SIGKILL: connections cut, nothing flushed."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections open, no answer."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.thaw()
+        _stop(self.process)
+
+
+class PrivateMariaDB(_ServerProcess):
     """A MariaDB of one test module: ``mariadb-install-db`` into ``root``, ``mariadbd`` on a
     free port with its socket in ``root``; root logs in without a password (over the socket),
     the database :data:`DATABASE` exists. :meth:`kill`, :meth:`freeze` and :meth:`start` make
@@ -109,18 +132,6 @@ class PrivateMariaDB:
             self.stop()
             raise
 
-    def kill(self) -> None:
-        """SIGKILL: connections cut, nothing flushed."""
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-
-    def freeze(self) -> None:
-        """SIGSTOP: connections open, no answer."""
-        os.kill(self.process.pid, signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
-
     def _answers(self) -> bool:
         if self.process.poll() is not None:
             log = (self.root / "mariadb.err").read_text(errors="replace")[-2000:]
@@ -174,18 +185,20 @@ class PrivateMariaDB:
         """The CLI's ``--mysql`` URL for ``user``."""
         return f"mysql://{user}:{password}@127.0.0.1:{self.port}/{DATABASE}"
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.thaw()
-        _stop(self.process)
 
-
-class PrivateRedis:
+class PrivateRedis(_ServerProcess):
     """A redis-server of one test, on a free port, with no persistence; ``args`` are more
-    options (``--replicaof``, ``--maxmemory-policy``). :meth:`stop` ends it by PID."""
+    options (``--replicaof``, ``--maxmemory-policy``). :meth:`kill`, :meth:`freeze` and
+    :meth:`start` (again, on the same port) make the faults; :meth:`stop` ends it by PID."""
 
     def __init__(self, *args: str) -> None:
         self.port = free_port()
+        self._args = args
+        self._clients: List[redis.Redis] = []
+        self.start()
+
+    def start(self) -> None:
+        """``redis-server`` on this server's port (again, after :meth:`kill`: empty)."""
         self.process = subprocess.Popen(
             [
                 _program("redis-server"),
@@ -197,13 +210,12 @@ class PrivateRedis:
                 "",
                 "--appendonly",
                 "no",
-                *args,
+                *self._args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self._clients: List[redis.Redis] = []
         try:
             wait_for(self._answers, timeout=30, interval=0.02)
         except BaseException:
@@ -231,4 +243,4 @@ class PrivateRedis:
     def stop(self) -> None:
         for client in self._clients:
             client.close()
-        _stop(self.process)
+        super().stop()

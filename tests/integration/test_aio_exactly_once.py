@@ -6,11 +6,12 @@ answers late)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import uuid
-from typing import Any, Awaitable, Callable, Iterator, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 import asyncmy
@@ -73,14 +74,12 @@ async def write(conn: Any, key: str, value: str = "paid") -> None:
         await cursor.execute(f"INSERT INTO {EFFECTS} (k, v) VALUES (%s, %s)", (key, value))
 
 
-Made = Tuple[DedupConfig, Callable[[], Awaitable[None]]]
-
-
-async def make_config(
+@contextlib.asynccontextmanager
+async def configured(
     source: str, table: str, where: Optional[Tuple[str, int]] = None, app: str = "", **settings: Any
-) -> Made:
+) -> AsyncIterator[DedupConfig]:
     """A config on the asyncio store of ``source`` (at ``where``: host and port, default the
-    shared server), its table made; and its close."""
+    shared server), its table made; closed (and its pool) on the way out."""
     pool = None
     client: Any
     if source == "mariadb":
@@ -104,15 +103,14 @@ async def make_config(
     config = DedupConfig.enable_dedup_consume_config(
         app or f"app-{uuid.uuid4().hex[:12]}", client, table_name=table, **settings
     )
-    assert config.async_store is not None
-    await config.async_store.create_table()  # type: ignore[attr-defined]
-
-    async def close() -> None:
+    try:
+        assert config.async_store is not None
+        await config.async_store.create_table()  # type: ignore[attr-defined]
+        yield config
+    finally:
         await config.aclose()
         if pool is not None:
             await pool.close()
-
-    return config, close
 
 
 @pytest.fixture(params=SOURCES)
@@ -133,8 +131,7 @@ def test_a_fresh_key_commits_its_writes_with_its_record_once(
     runs: List[str] = []
 
     async def work() -> None:
-        config, close = await make_config(source, table)
-        try:
+        async with configured(source, table) as config:
 
             @exactly_once(config, key=lambda order: order, topic="payments")
             async def pay(conn: Any, order: str) -> str:
@@ -150,8 +147,6 @@ def test_a_fresh_key_commits_its_writes_with_its_record_once(
             element = DedupElement(config.application_name, "payments", "", key)
             record = await config.async_store.read(element)
             assert record is not None and record.status is DedupStatus.CONSUMED
-        finally:
-            await close()
 
     run(work)
     assert runs == [key]
@@ -171,8 +166,7 @@ def test_a_calls_transaction_is_freed_as_soon_as_it_ends(source: str, table: str
     by its exception's traceback, as any raised exception's frames are.)"""
 
     async def work() -> None:
-        config, close = await make_config(source, table)
-        try:
+        async with configured(source, table) as config:
 
             @exactly_once(config, key=lambda order, fail: order, topic="payments")
             async def pay(conn: Any, order: str, fail: bool) -> None:
@@ -190,8 +184,6 @@ def test_a_calls_transaction_is_freed_as_soon_as_it_ends(source: str, table: str
                 assert live_transactions() == before
             finally:
                 gc.enable()
-        finally:
-            await close()
 
     run(work)
 
@@ -204,8 +196,7 @@ def test_a_function_that_raises_rolls_back_its_writes_and_record_and_runs_again(
     attempts: List[int] = []
 
     async def work() -> None:
-        config, close = await make_config(source, table)
-        try:
+        async with configured(source, table) as config:
 
             @exactly_once(config, key=lambda order: order, topic="payments")
             async def pay(conn: Any, order: str) -> None:
@@ -221,8 +212,6 @@ def test_a_function_that_raises_rolls_back_its_writes_and_record_and_runs_again(
             element = DedupElement(config.application_name, "payments", "", key)
             assert await config.async_store.read(element) is None
             await pay(key)
-        finally:
-            await close()
 
     run(work)
     assert effects(key) == ["attempt 2"]
@@ -235,8 +224,7 @@ def test_a_function_that_commits_by_itself_is_refused_and_rolled_back(
     it); the transaction rolls back and the caller gets the refusal."""
 
     async def work() -> None:
-        config, close = await make_config(source, table)
-        try:
+        async with configured(source, table) as config:
 
             @exactly_once(config, key=lambda order: order)
             async def pay(conn: Any, order: str) -> None:
@@ -245,8 +233,6 @@ def test_a_function_that_commits_by_itself_is_refused_and_rolled_back(
 
             with pytest.raises(TransactionMisuseError):
                 await pay(key)
-        finally:
-            await close()
 
     run(work)
     assert effects(key) == []
@@ -257,8 +243,7 @@ def test_concurrent_tasks_with_one_key_commit_once(source: str, table: str, key:
     (committed, or in progress in this process), and the row exists once."""
 
     async def work() -> List[str]:
-        config, close = await make_config(source, table)
-        try:
+        async with configured(source, table) as config:
 
             @exactly_once(config, key=lambda order: order)
             async def pay(conn: Any, order: str) -> None:
@@ -275,8 +260,6 @@ def test_concurrent_tasks_with_one_key_commit_once(source: str, table: str, key:
                 return "committed"
 
             return list(await asyncio.gather(*(attempt() for _ in range(16))))
-        finally:
-            await close()
 
     answers = run(work)
     assert answers.count("committed") == 1 and len(answers) == 16
@@ -290,10 +273,11 @@ def test_copies_in_two_processes_commit_once(source: str, table: str, key: str) 
     DuplicateConsumedError. The row exists once."""
 
     async def work() -> None:
-        first_config, close_first = await make_config(source, table)
-        other, close_other = await make_config(source, table, app=first_config.application_name)
         inside, finish = asyncio.Event(), asyncio.Event()
-        try:
+        async with (
+            configured(source, table) as first_config,
+            configured(source, table, app=first_config.application_name) as other,
+        ):
 
             @exactly_once(first_config, key=lambda order: order, topic="pay")
             async def first(conn: Any, order: str) -> None:
@@ -312,9 +296,6 @@ def test_copies_in_two_processes_commit_once(source: str, table: str, key: str) 
             finish.set()
             with pytest.raises(DuplicateConsumedError):
                 await asyncio.wait_for(running, 20)
-        finally:
-            await close_first()
-            await close_other()
 
     run(work)
     assert effects(key) == ["second"]
@@ -330,11 +311,11 @@ def test_a_key_locked_by_another_process_is_in_progress_before_the_function(
 
     async def work() -> None:
         settings = {"exactly_once_claim": "before_handler"}
-        holder_config, close_holder = await make_config(source, table, **settings)
-        app = holder_config.application_name
-        other, close_other = await make_config(source, table, app=app, **settings)
         inside, finish = asyncio.Event(), asyncio.Event()
-        try:
+        async with (
+            configured(source, table, **settings) as holder_config,
+            configured(source, table, app=holder_config.application_name, **settings) as other,
+        ):
 
             @exactly_once(holder_config, key=lambda order: order, topic="pay")
             async def hold(conn: Any, order: str) -> None:
@@ -354,9 +335,6 @@ def test_a_key_locked_by_another_process_is_in_progress_before_the_function(
             await asyncio.wait_for(running, 20)
             with pytest.raises(DuplicateConsumedError):
                 await copy(key)
-        finally:
-            await close_holder()
-            await close_other()
 
     run(work)
     assert runs == []
@@ -370,9 +348,8 @@ def test_a_cancelled_call_rolls_back_and_a_later_call_runs(
     the caller sees CancelledError, and the next call runs and commits."""
 
     async def work() -> None:
-        config, close = await make_config(source, table)
         inside = asyncio.Event()
-        try:
+        async with configured(source, table) as config:
 
             @exactly_once(config, key=lambda order, value: order)
             async def pay(conn: Any, order: str, value: str) -> None:
@@ -387,8 +364,6 @@ def test_a_cancelled_call_rolls_back_and_a_later_call_runs(
                 await running
             assert effects(key) == []
             await pay(key, "second")
-        finally:
-            await close()
 
     run(work)
     assert effects(key) == ["second"]
@@ -445,11 +420,8 @@ def slow_callbacks(
 
     async def work() -> None:
         asyncio.get_running_loop().slow_callback_duration = SLOW
-        config, close = await make_config(source, table, where=where)
-        try:
+        async with configured(source, table, where=where) as config:
             await workload(config, f"order-{uuid.uuid4().hex[:12]}")
-        finally:
-            await close()
 
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         run(work, debug=True)

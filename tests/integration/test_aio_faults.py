@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
-import signal
-import subprocess
 import time
 from typing import Any, Awaitable, Callable, Dict, Iterator, List
 
@@ -23,8 +20,8 @@ from redis.backoff import NoBackoff
 from rocketmq_dedup import ConsumeStatus, DedupConfig
 from rocketmq_dedup.aio import AsyncDedupConcurrentListener
 from rocketmq_dedup.testing import GrpcMessage
-from tests.integration.private_servers import DATABASE, PrivateMariaDB, _program, free_port
-from tests.support import PrivatePostgres, wait_for
+from tests.integration.private_servers import DATABASE, PrivateMariaDB, PrivateRedis
+from tests.support import PrivatePostgres
 
 SUCCESS, LATER = ConsumeStatus.CONSUME_SUCCESS, ConsumeStatus.RECONSUME_LATER
 IN_FLIGHT = 32
@@ -32,50 +29,6 @@ IN_FLIGHT = 32
 #: holds its key for one lease, then the broker's retry runs it: a short one keeps the test
 #: short.
 SHORT_LEASE = {"dedup_processing_expire_milli_seconds": 2000}
-
-
-class RedisServer:
-    """A redis-server of this module on a fixed port, killed, frozen and started again by
-    PID."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.process: Any = None
-        self.start()
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [_program("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-        wait_for(self._answers, timeout=30, interval=0.02)
-
-    def _answers(self) -> bool:
-        import redis as sync_redis
-
-        try:
-            return bool(sync_redis.Redis(port=self.port, socket_timeout=1).ping())
-        except sync_redis.ConnectionError:
-            return False
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-
-    def freeze(self) -> None:
-        os.kill(self.process.pid, signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.thaw()
-            self.process.terminate()
-            self.process.wait(30)
 
 
 class Applying(AsyncDedupConcurrentListener):
@@ -162,13 +115,13 @@ async def fault_run(
 
 
 @pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
+def redis_server() -> Iterator[PrivateRedis]:
+    server = PrivateRedis()
     yield server
     server.stop()
 
 
-def redis_config(server: RedisServer, app_name: str) -> Callable[[], Awaitable[Any]]:
+def redis_config(server: PrivateRedis, app_name: str) -> Callable[[], Awaitable[Any]]:
     async def make() -> Any:
         client = redis.asyncio.Redis(
             port=server.port,
@@ -190,7 +143,7 @@ def redis_config(server: RedisServer, app_name: str) -> Callable[[], Awaitable[A
 
 
 def test_redis_killed_and_restarted_under_concurrency(
-    redis_server: RedisServer, app_name: str
+    redis_server: PrivateRedis, app_name: str
 ) -> None:
     """Redis SIGKILLed while messages flow: each answered RECONSUME_LATER, the loop ticking;
     a new server on the port: the store reconnects and every key is applied once."""
@@ -199,7 +152,7 @@ def test_redis_killed_and_restarted_under_concurrency(
     )
 
 
-def test_redis_frozen_under_concurrency(redis_server: RedisServer, app_name: str) -> None:
+def test_redis_frozen_under_concurrency(redis_server: PrivateRedis, app_name: str) -> None:
     """Redis SIGSTOPped (a frozen server: connections open, no answer): the claims time out
     (socket_timeout 1 s) and are answered RECONSUME_LATER, the loop ticking throughout;
     SIGCONT: the server runs the claims it had queued, which hold their keys one lease (no
@@ -207,6 +160,24 @@ def test_redis_frozen_under_concurrency(redis_server: RedisServer, app_name: str
     asyncio.run(
         fault_run(redis_config(redis_server, app_name), redis_server.freeze, redis_server.thaw, 2.0)
     )
+
+
+def sql_config(connect: Callable[[], Any], app_name: str) -> Callable[[], Awaitable[Any]]:
+    """An asyncio SQL store on ``connect`` (its table made; no start-up check: the faults
+    come later), a store failure answered RECONSUME_LATER."""
+
+    async def make() -> Any:
+        config = DedupConfig.enable_dedup_consume_config(
+            app_name,
+            connect,
+            store_failure_policy="reconsume_later",
+            check_store=False,
+            **SHORT_LEASE,
+        )
+        await config.async_store.create_table()  # type: ignore[union-attr]
+        return config, config.aclose
+
+    return make
 
 
 @pytest.fixture(scope="module")
@@ -224,21 +195,8 @@ def test_postgres_killed_and_restarted_under_concurrency(
     once."""
     import psycopg
 
-    async def make() -> Any:
-        connect = functools.partial(
-            psycopg.AsyncConnection.connect, postgres.dsn, connect_timeout=2
-        )
-        config = DedupConfig.enable_dedup_consume_config(
-            app_name,
-            connect,
-            store_failure_policy="reconsume_later",
-            check_store=False,
-            **SHORT_LEASE,
-        )
-        await config.async_store.create_table()  # type: ignore[union-attr]
-        return config, config.aclose
-
-    asyncio.run(fault_run(make, postgres.kill, postgres.start, 1.0))
+    connect = functools.partial(psycopg.AsyncConnection.connect, postgres.dsn, connect_timeout=2)
+    asyncio.run(fault_run(sql_config(connect, app_name), postgres.kill, postgres.start, 1.0))
 
 
 @pytest.fixture(scope="module")
@@ -253,26 +211,15 @@ def mysql_config(server: PrivateMariaDB, app_name: str) -> Callable[[], Awaitabl
     after 1 s (a frozen server)."""
     import asyncmy
 
-    async def make() -> Any:
-        connect = functools.partial(
-            asyncmy.connect,
-            unix_socket=server.socket,
-            user="root",
-            db=DATABASE,
-            connect_timeout=1,
-            read_timeout=1,
-        )
-        config = DedupConfig.enable_dedup_consume_config(
-            app_name,
-            connect,
-            store_failure_policy="reconsume_later",
-            check_store=False,
-            **SHORT_LEASE,
-        )
-        await config.async_store.create_table()  # type: ignore[union-attr]
-        return config, config.aclose
-
-    return make
+    connect = functools.partial(
+        asyncmy.connect,
+        unix_socket=server.socket,
+        user="root",
+        db=DATABASE,
+        connect_timeout=1,
+        read_timeout=1,
+    )
+    return sql_config(connect, app_name)
 
 
 def test_mysql_killed_and_restarted_under_concurrency(
