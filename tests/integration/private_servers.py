@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, List
 
 import redis
 
@@ -159,9 +159,21 @@ class PrivateMariaDB(_ServerProcess):
         finally:
             conn.close()
 
-    def connect(self, driver: str, user: str, password: str) -> Callable[[], Any]:
+    def connect(self, driver: str, user: str, password: str) -> Any:
         """A connection factory of ``driver`` (as :func:`tests.support.mysql_connect` names
-        them) for ``user`` over TCP."""
+        them) for ``user`` over TCP; for ``"sqlalchemy"`` an engine (on mysqlclient)."""
+        if driver == "sqlalchemy":
+            import sqlalchemy
+
+            url = sqlalchemy.URL.create(
+                "mysql+mysqldb",
+                username=user,
+                password=password,
+                host="127.0.0.1",
+                port=self.port,
+                database=DATABASE,
+            )
+            return sqlalchemy.create_engine(url, poolclass=sqlalchemy.NullPool)
         params = {
             "host": "127.0.0.1",
             "port": self.port,

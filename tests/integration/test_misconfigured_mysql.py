@@ -21,11 +21,12 @@ from rocketmq_dedup import (
     TransactionalDedupListener,
 )
 from rocketmq_dedup.testing import ClassicMessage, deliver
+from tests.integration.exactly_once.support import execute
 from tests.integration.misconfigured import Counting, assert_never_run_without_dedup
 from tests.integration.private_servers import DATABASE, PrivateMariaDB
 from tests.integration.test_cli import run
 
-DRIVERS = ["mysqlclient", "pymysql", "mysql-connector"]
+DRIVERS = ["mysqlclient", "pymysql", "mysql-connector", "sqlalchemy"]
 TABLE = "t_rocketmq_dedup"
 TARGET = f"{DATABASE}.{TABLE}"
 PASSWORD = "pw-misconfig"
@@ -186,8 +187,7 @@ class Effects(TransactionalDedupListener):
     """Writes one effect row per message; its sequence key is ("acct", the message's step)."""
 
     def do_handle_msg(self, msg: Any, conn: Any) -> bool:
-        cursor = conn.cursor()
-        cursor.execute("INSERT INTO t_effects (k, v) VALUES (%s, %s)", (msg.id, 1))
+        execute(conn, "INSERT INTO t_effects (k, v) VALUES (%s, %s)", (msg.id, 1))
         return True
 
     def sequence_key(self, msg: Any) -> Any:

@@ -86,6 +86,54 @@ def test_mysql_outages_and_defects_stay_what_they_were(mysql_store: MySQLDedupSt
     assert type(defect) is StoreError
 
 
+DEADLOCK = "Deadlock found when trying to get lock; try restarting transaction"
+LOCK_WAIT = "Lock wait timeout exceeded; try restarting transaction"
+
+
+def in_sqlalchemy(exc: Exception) -> Exception:
+    """``exc`` as a SQLAlchemy engine raises it (the driver's error as ``orig``)."""
+    import sqlalchemy.exc
+
+    return sqlalchemy.exc.OperationalError("INSERT ...", {}, exc)
+
+
+def test_mysql_lock_conflicts_of_every_driver_are_lock_conflicts_not_outages(
+    mysql_store: MySQLDedupStore,
+) -> None:
+    """1205 (lock wait timeout) and 1213 (deadlock) as mysqlclient, PyMySQL,
+    mysql-connector-python and SQLAlchemy raise them: StoreLockConflictError, never an outage
+    (both arrive as OperationalError, the outage family, on most drivers)."""
+    conflicts: List[Exception] = [
+        MySQLdb.OperationalError(1205, LOCK_WAIT),
+        MySQLdb.OperationalError(1213, DEADLOCK),
+        pymysql.err.OperationalError(1205, LOCK_WAIT),
+        pymysql.err.OperationalError(1213, DEADLOCK),
+        mysql.connector.errors.DatabaseError(msg=LOCK_WAIT, errno=1205),
+        mysql.connector.errors.InternalError(msg=DEADLOCK, errno=1213),
+    ]
+    conflicts += [in_sqlalchemy(exc) for exc in conflicts]
+    for exc in conflicts:
+        assert not mysql_store.is_outage(exc), exc
+        assert isinstance(mysql_store.wrap_error(exc), StoreLockConflictError), exc
+
+
+def test_mysql_refusals_through_sqlalchemy_are_misconfigurations(
+    mysql_store: MySQLDedupStore,
+) -> None:
+    """A refusal SQLAlchemy wraps (1142, 1290) is still a misconfiguration naming the fix; a
+    lost connection it wraps is still an outage."""
+    for exc in (
+        MySQLdb.OperationalError(1142, DENIED),
+        pymysql.err.OperationalError(1290, READ_ONLY),
+    ):
+        wrapped = mysql_store.wrap_error(in_sqlalchemy(exc))
+        assert isinstance(wrapped, StoreMisconfiguredError), exc
+        assert not mysql_store.is_outage(in_sqlalchemy(exc))
+    lost = in_sqlalchemy(MySQLdb.OperationalError(2013, "Lost connection to MySQL server"))
+    assert mysql_store.is_outage(lost)
+    assert isinstance(mysql_store.wrap_error(lost), StoreUnavailableError)
+
+
 def test_the_grant_names_the_table_and_account_the_server_names() -> None:
     """MariaDB's `db`.`table` and MySQL's 'table'; the account the check read (CURRENT_USER)
     over the client's host in the message; several commands; another table (the sequence

@@ -242,6 +242,7 @@ class MySQLDedupStore(DeferredMarks, SqlTables, DedupStore):
         store.transactions.engine = engine
         url = engine.url.render_as_string(hide_password=True)
         store._description = f"MySQL {url} (SQLAlchemy) table {store.table_name}"
+        store._database = engine.url.database  # named in the GRANT a refusal prints
         guard_engine(engine)
         return store
 
