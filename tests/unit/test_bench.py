@@ -8,6 +8,7 @@ from pathlib import Path
 from bench.baseline import baseline_cases
 from bench.cases import Context
 from bench.drain import CONSUMER_CASES
+from bench.drain_profile import switch_counts
 from bench.drain_worker import Tally
 from bench.report import (
     TARGETS,
@@ -94,3 +95,35 @@ def test_tally_counts_each_key_of_its_run_once() -> None:
     tally.completed("run1-1", sent, True)
     assert tally.done.is_set() and tally.deliveries == 4
     assert all(4.0 < lag < 5_000 for lag in tally.lags_ms)
+
+
+#: Three events as ``perf script -F comm,tid,event,ip,sym,dso`` prints them (stacks trimmed).
+PERF_SCRIPT = """\
+ConsumeTP  4652 sched:sched_switch:
+\tffffffff821f8b58 __schedule ([kernel.kallsyms])
+\tffffffff8143f416 eventfd_read ([kernel.kallsyms])
+\t           1b7f6 read (/usr/lib/x86_64-linux-gnu/libc.so.6)
+
+EventLoop  4259          cpu-clock:
+\t          25f831 std::this_thread::__sleep_for (/opt/librocketmq.so)
+
+Consume TP  4653 sched:sched_switch:
+\tffffffff821f8b58 __schedule ([kernel.kallsyms])
+\tffffffff8143f416 futex_wait ([kernel.kallsyms])
+\t           85f16 __futex_abstimed_wait_common (/usr/lib/x86_64-linux-gnu/libc.so.6)
+
+ConsumeTP  4652 sched:sched_switch:
+\tffffffff821f8b58 __schedule ([kernel.kallsyms])
+\tffffffff81234567 irqentry_exit ([kernel.kallsyms])
+"""
+
+
+def test_switches_are_counted_by_thread_name_and_kernel_reason() -> None:
+    """Each sched_switch counts once under its thread's name and the kernel function that
+    blocked it; other events (a cpu-clock sample) count nothing."""
+    counts = switch_counts(PERF_SCRIPT.splitlines())
+    assert counts == {
+        ("ConsumeTP", "eventfd wait"): 1,
+        ("Consume TP", "futex"): 1,
+        ("ConsumeTP", "preempted"): 1,
+    }
