@@ -1,5 +1,6 @@
-"""``--baseline PATH``: the memory-store cases of another checkout (an older commit's
-``git worktree``), run beside this run's cases so that both are measured side by side.
+"""``--baseline PATH``: the memory-store cases and the exactly-once listener cases
+(``mysql_tx_dedup``, ``pg_tx_dedup``) of another checkout (an older commit's ``git worktree``),
+run beside this run's cases so that both are measured side by side.
 
 Each baseline case drives a child process (:mod:`bench.baseline_worker`) that imports the
 other checkout's ``rocketmq_dedup``: two versions of one package cannot share a process. The
@@ -16,10 +17,29 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence
 
-from bench.cases import BenchError, Case, Context, MemoryDup, MemoryFresh, listener_options
+from bench.cases import (
+    LIBRARY_TABLE,
+    TX_ACCOUNTS,
+    BenchError,
+    Case,
+    Context,
+    MemoryDup,
+    MemoryFresh,
+    MySQLTxDedup,
+    PostgresTxDedup,
+    SQLListenerCase,
+    listener_options,
+)
+from bench.settings import TX_ACCOUNT_TABLE, TX_LEDGER_TABLE
 
 WORKER = Path(__file__).with_name("baseline_worker.py")
 PREFIX = "baseline_"
+#: The exactly-once cases' twins that run this checkout's listener in a child process as the
+#: baseline's runs the other's (``child_*``): a listener in a process of its own runs faster
+#: than one in the bench's (measured: 1.1-1.2 times), so this checkout's against the
+#: baseline's is ``child_*/baseline_*``; the targets stay in-process (``*_tx_dedup/*_tx_record``).
+CHILD_PREFIX = "child_"
+THIS_CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 class Child:
@@ -128,11 +148,56 @@ class BaselineCase(Case):
             self.child.close()
 
 
+class BaselineTransaction(BaselineCase):
+    """Mixed before an exactly-once listener case (``of``): the case's tables, accounts and
+    cleanup as they are, its listener the other checkout's, in the child, on the same server
+    and tables, running the same business transaction (its statements sent to the child)."""
+
+    statements: ClassVar[int]
+
+    def setup(self) -> None:
+        super(BaselineCase, self).setup()  # the case's own: tables, accounts, its listener
+
+    def start_tx_listener(self) -> None:
+        self.child = Child(self.checkout)
+        self.handler = RemoteHandler(self.child)  # type: ignore[assignment]
+        servers = self.ctx.servers
+        postgres = "postgres" in self.needs
+        self.child.ask(
+            "start_tx",
+            database="postgres" if postgres else "mysql",
+            connect=servers.postgres_dsn if postgres else servers.mysql,
+            app=self.app,
+            table=LIBRARY_TABLE,
+            business={
+                "statements": self.statements,
+                "account_table": TX_ACCOUNT_TABLE,
+                "ledger_table": TX_LEDGER_TABLE,
+                "accounts": TX_ACCOUNTS,
+                "quote": '"' if postgres else "`",
+            },
+            options=listener_options(),
+        )
+
+    def prepare(self, rep: object) -> None:
+        assert self.child is not None
+        prefix = f"{self.ctx.run_id}-{self.name}-{rep}"
+        self.child.ask("prepare_tx", prefix=prefix, n=self.n)
+        self.items = range(self.n)
+
+    def close(self) -> None:
+        super().close()  # the child, and its listener's connections
+        # then the case's own closes after SQLListenerCase's (which closes a listener of this
+        # process: there is none)
+        super(SQLListenerCase, self).close()
+
+
 def baseline_cases(checkout: Path) -> tuple[type[Case], ...]:
-    """The baseline twins of the memory-store cases, reading ``checkout``'s package."""
+    """The baseline twins of the memory-store cases and the exactly-once listener cases,
+    reading ``checkout``'s package."""
     if not (checkout / "rocketmq_dedup" / "__init__.py").is_file():
         raise SystemExit(f"bench: error: --baseline {checkout}: no rocketmq_dedup package there")
-    return tuple(
+    memory = tuple(
         type(
             f"Baseline{case.__name__}",
             (BaselineCase,),
@@ -148,3 +213,18 @@ def baseline_cases(checkout: Path) -> tuple[type[Case], ...]:
         )
         for case in (MemoryFresh, MemoryDup)
     )
+    transactions = tuple(
+        type(
+            f"{kind.title()}{case.__name__}",
+            (BaselineTransaction, case),
+            {
+                "name": f"{kind}_{case.name}",
+                "of": case,
+                "checkout": where,
+                "__doc__": f"{case.name} with the listener of {where}, in a child process.",
+            },
+        )
+        for kind, where in (("baseline", checkout), (CHILD_PREFIX.rstrip("_"), THIS_CHECKOUT))
+        for case in (MySQLTxDedup, PostgresTxDedup)
+    )
+    return memory + transactions

@@ -2,8 +2,9 @@
 (``python -m bench --baseline PATH``; see :mod:`bench.baseline`).
 
 Run as a script, ``python bench/baseline_worker.py CHECKOUT``: it imports nothing of this
-checkout (only the standard library and ``CHECKOUT``'s ``rocketmq_dedup``, which is put first
-on ``sys.path``), so any commit whose package has ``DedupConcurrentListener``,
+checkout (only the standard library, ``CHECKOUT``'s ``rocketmq_dedup``, which is put first
+on ``sys.path``, and for the exactly-once cases :mod:`bench.business`, standard library only,
+loaded by its path), so any commit whose package has ``DedupConcurrentListener``,
 ``DedupConfig.enable_dedup_consume_config`` and ``MemoryDedupStore`` can be measured.
 
 One JSON request per line on stdin, one JSON answer per line on stdout:
@@ -12,16 +13,24 @@ One JSON request per line on stdin, one JSON answer per line on stdout:
   a new memory store, ``N`` messages; for duplicates, one untimed pass that consumes them.
 - ``{"op": "measure", "start": i, "stop": j}``: consume messages ``i:j``, answer the elapsed
   seconds, this process's CPU seconds and context switches, and the failures.
+- ``{"op": "start_tx", "database": "mysql"|"postgres", "connect": {...}|DSN, "app": A,
+  "table": T, "business": {...}, "options": {...}}``:
+  a ``TransactionalDedupListener`` on a mysqlclient (psycopg) connection factory, whose handler
+  runs the parent's business transaction (:class:`bench.business.BusinessTransaction` of
+  the parent's arguments) on its ``conn``, as the exactly-once cases' listener does.
+- ``{"op": "prepare_tx", "prefix": P, "n": N}``: ``N`` fresh messages for that listener.
 - ``{"op": "calls"}``, ``{"op": "reset"}``: the handler's call count; set it to 0.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 UNIQ_KEY = "UNIQ_KEY"
@@ -44,6 +53,19 @@ class Message:
 
     def get_property(self, name: str) -> bytes:
         return self._props.get(name, b"")
+
+
+def load_business() -> Any:
+    """This checkout's :mod:`bench.business` (standard library only), loaded by its path: the
+    package ``bench`` on ``sys.path`` is the other checkout's, if it has one."""
+    import importlib.util
+
+    path = Path(__file__).with_name("business.py")
+    spec = importlib.util.spec_from_file_location("bench_business", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class Worker:
@@ -80,6 +102,47 @@ class Worker:
         gc.freeze()  # as the runner does in the parent
         return {"failures": failures}
 
+    def start_tx(
+        self,
+        database: str,
+        connect: Any,
+        app: str,
+        table: str,
+        business: Dict[str, Any],
+        options: Dict[str, Any],
+    ) -> Any:
+        lib = self.lib
+        if database == "mysql":
+            import MySQLdb
+
+            factory = functools.partial(MySQLdb.connect, **connect)
+        else:
+            import psycopg
+
+            factory = functools.partial(psycopg.connect, connect)
+        handle = self.handle
+        transaction = load_business().BusinessTransaction(app, **business)
+
+        class Listener(lib.TransactionalDedupListener):  # type: ignore[name-defined,misc]
+            def do_handle_msg(self, msg: Any, conn: Any) -> bool:
+                handle(msg)
+                transaction(conn, msg)
+                return True
+
+        config = lib.DedupConfig.enable_dedup_consume_config(
+            app, factory, table_name=table, **options
+        )
+        self.listener = Listener(config)
+        return {}
+
+    def prepare_tx(self, prefix: str, n: int) -> Any:
+        gc.unfreeze()
+        topic, tag, body = "DEDUP-BENCH", b"TagBench", b'{"order": 1}'
+        self.items = [Message(f"{prefix}-{i}", topic, tag, body) for i in range(n)]
+        gc.collect()
+        gc.freeze()
+        return {"failures": 0}
+
     def run(self, start: int, stop: int) -> int:
         consume, ok, failures = self.listener, self.ok, 0
         for msg in self.items[start:stop]:
@@ -113,6 +176,10 @@ def main(checkout: str) -> None:
         op = request.pop("op")
         if op == "prepare":
             answer = worker.prepare(**request)
+        elif op == "start_tx":
+            answer = worker.start_tx(**request)
+        elif op == "prepare_tx":
+            answer = worker.prepare_tx(**request)
         elif op == "measure":
             answer = worker.measure(**request)
         elif op == "calls":

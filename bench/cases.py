@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
+from bench.business import BenchError, BusinessTransaction
 from bench.messages import CountingHandler, consume_all, make_messages
 from bench.naive import (
     NAIVE_PG_SCHEMA,
@@ -50,10 +51,6 @@ from rocketmq_dedup.testing import ClassicMessage
 OK = ConsumeStatus.CONSUME_SUCCESS
 BATCH_SIZE = 32
 THREADS = 8
-
-
-class BenchError(AssertionError):
-    """A case measured the wrong thing (failed answers, wrong handler call count)."""
 
 
 class Context:
@@ -680,38 +677,11 @@ TX_LEDGER_SCHEMA = f"""CREATE TABLE `{TX_LEDGER_TABLE}` (
 ) ENGINE=InnoDB"""
 
 
-class BusinessTransaction:
-    """The business writes of one message: ``statements`` statements, alternately an UPDATE
-    of an account row and an INSERT into the ledger (2: one of each), on a DB-API
-    connection whose transaction is open. The caller commits."""
-
-    def __init__(self, app: str, statements: int, quote: str = "`") -> None:
-        self.app = app
-        self.statements = statements
-        account, ledger = (f"{quote}{t}{quote}" for t in (TX_ACCOUNT_TABLE, TX_LEDGER_TABLE))
-        self.update = (
-            f"UPDATE {account} SET balance = balance + %s WHERE application_name = %s AND id = %s"
-        )
-        self.insert = (
-            f"INSERT INTO {ledger} (application_name, account, msg_id, amount) "
-            "VALUES (%s, %s, %s, %s)"
-        )
-        self.sequence = 0
-
-    def __call__(self, conn: Any, msg: Any) -> None:
-        self.sequence += 1
-        account = self.sequence % TX_ACCOUNTS
-        cur = conn.cursor()
-        try:
-            for i in range(self.statements):
-                if i % 2 == 0:
-                    cur.execute(self.update, (1, self.app, account))
-                    if cur.rowcount != 1:
-                        raise BenchError(f"account {account} of {self.app} is missing")
-                else:
-                    cur.execute(self.insert, (self.app, account, msg.id, 1))
-        finally:
-            cur.close()
+def business_transaction(app: str, statements: int, quote: str = "`") -> BusinessTransaction:
+    """The business writes of ``app``'s messages on the bench's account and ledger tables."""
+    return BusinessTransaction(
+        app, statements, TX_ACCOUNT_TABLE, TX_LEDGER_TABLE, TX_ACCOUNTS, quote=quote
+    )
 
 
 class MySQLTxCase(MySQLCase):
@@ -733,7 +703,7 @@ class MySQLTxCase(MySQLCase):
             f"INSERT INTO `{TX_ACCOUNT_TABLE}` (application_name, id, balance) VALUES {values}",
             params,
         )
-        self.business = BusinessTransaction(self.app, self.statements)
+        self.business = business_transaction(self.app, self.statements)
 
     def close(self) -> None:
         self.sql(f"DELETE FROM `{TX_ACCOUNT_TABLE}` WHERE application_name = %s", (self.app,))
@@ -938,7 +908,7 @@ class PostgresTxCase(PostgresCase):
             "SELECT %s, i FROM generate_series(0, %s) AS i",
             (self.app, TX_ACCOUNTS - 1),
         )
-        self.business = BusinessTransaction(self.app, self.statements, quote='"')
+        self.business = business_transaction(self.app, self.statements, quote='"')
 
     def cleanup(self) -> None:
         super().cleanup()

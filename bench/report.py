@@ -79,6 +79,14 @@ TARGETS: tuple[Target, ...] = (
     Target("pg_tx_dedup", "pg_tx_plain", None),
     Target("pg_tx_record_narrow", "pg_tx_record", None),
     Target("mysql_tx_record_narrow", "mysql_tx_record", None),
+    # --baseline: the other checkout's exactly-once listener and this one's, each in a child
+    # process (bench/baseline.py), against each other and against the in-process floor
+    Target("child_mysql_tx_dedup", "baseline_mysql_tx_dedup", None),
+    Target("child_pg_tx_dedup", "baseline_pg_tx_dedup", None),
+    Target("baseline_mysql_tx_dedup", "mysql_tx_record", None),
+    Target("child_mysql_tx_dedup", "mysql_tx_record", None),
+    Target("baseline_pg_tx_dedup", "pg_tx_record", None),
+    Target("child_pg_tx_dedup", "pg_tx_record", None),
     Target("e2e_redis", "e2e_nodedup", 0.95),
     Target("e2e_mysql", "e2e_nodedup", 0.90),
     # the outbox (bench/outbox.py; targets set from the first measurement, BENCHMARKS.md)

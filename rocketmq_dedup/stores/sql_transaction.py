@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 from rocketmq_dedup.errors import StoreError, TransactionMisuseError
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.stores.base import Record, bounded_reason
+from rocketmq_dedup.stores.handler_connection import end_guarded
 from rocketmq_dedup.stores.transaction import (
     AsyncTransaction,
     Entity,
@@ -53,11 +54,17 @@ class SqlTransactionRules:
     :param wrap: the database's error for a driver error of these transactions.
     """
 
+    #: A statement or the handler raised: never reuse the connection.
+    broken = False
+    #: How the handler broke the transaction.
+    misused: Optional[str] = None
+    #: Neither committed nor rolled back yet.
+    _open = True
+    # (class-level defaults: a transaction is made per message, and sets them only when they
+    # change)
+
     def __init__(self, wrap: Callable[[BaseException], StoreError]) -> None:
         self._wrap = wrap
-        self.broken = False  # a statement or the handler raised: never reuse the connection
-        self.misused: Optional[str] = None  # how the handler broke the transaction
-        self._open = True  # neither committed nor rolled back yet
 
     def refuse(self, what: str) -> None:
         """Called by the guards: record the misuse and raise it into the handler."""
@@ -198,6 +205,7 @@ class SqlTransaction(SqlTransactionRules, Transaction):
             self._give_back(self._fit())
         except Exception:
             logger.debug("giving a transaction's connection back failed", exc_info=True)
+        end_guarded(self.conn)  # a conn the handler kept now refuses every use
         self.conn = None  # the cycle through the handler's conn (module docstring)
 
     # -- shared rules ----------------------------------------------------------------------------
@@ -282,6 +290,7 @@ class AsyncSqlTransaction(SqlTransactionRules, AsyncTransaction):
             await self._give_back(self._fit())
         except Exception:
             logger.debug("giving a transaction's connection back failed", exc_info=True)
+        end_guarded(self.conn)  # a conn the handler kept now refuses every use
         self.conn = None  # the cycle through the handler's conn (module docstring)
 
     async def _io(self, step: Awaitable[T]) -> T:

@@ -28,6 +28,7 @@ from rocketmq_dedup.metrics import Decision, DedupMetrics
 from rocketmq_dedup.status import Outcome
 from rocketmq_dedup.stores.base import Claim
 from rocketmq_dedup.stores.transaction import Entity, current_transaction
+from rocketmq_dedup.strategy.exactly_once import RECENT_KEYS, RecentKeys
 from rocketmq_dedup.testing import ClassicMessage
 from tests.unit.fake_transactions import FakeConn, FakeTransactionalStore, FakeTransactions
 
@@ -150,6 +151,20 @@ def test_a_key_committed_here_lately_is_looked_up_first() -> None:
     assert listener(ClassicMessage("m1")) is SUCCESS
     assert listener(ClassicMessage("m1")) is SUCCESS
     assert listener.runs == ["m1"] and world.db.begun == 1
+
+
+def test_the_recent_keys_remember_the_last_ones_and_stay_bounded() -> None:
+    """RecentKeys keeps at least the last RECENT_KEYS keys added, and never more than twice
+    as many."""
+    recent = RecentKeys()
+    keys = [DedupElement("app", "T", "tag", str(i)) for i in range(3 * RECENT_KEYS + 5)]
+    for i, key in enumerate(keys):
+        recent.add(key)
+        assert key in recent
+        assert keys[max(0, i - RECENT_KEYS + 1)] in recent
+    remembered = sum(key in recent for key in keys)
+    assert RECENT_KEYS <= remembered < 2 * RECENT_KEYS
+    assert keys[0] not in recent
 
 
 def test_a_copy_whose_twin_committed_meanwhile_is_rolled_back_and_acked() -> None:

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from rocketmq_dedup.stores.mysql.errors import PARSE_ERROR, error_code
 from rocketmq_dedup.stores.mysql.sql import SESSION_SQL
@@ -83,6 +83,12 @@ def autocommit_on(conn: Any) -> Optional[bool]:
     return bool(get_autocommit()) if callable(get_autocommit) else None
 
 
+def _method(conn: Any, name: str) -> Optional[Callable[[], Any]]:
+    """``conn``'s method ``name``, bound, or None when it has none."""
+    method = getattr(conn, name, None)
+    return method if callable(method) else None
+
+
 #: A connection idle for this much less than its session's idle timeout is replaced rather than
 #: used (the server may be about to end its session).
 IDLE_MARGIN_S = 1.0
@@ -112,6 +118,8 @@ class Runner:
     as long as its connection."""
 
     __slots__ = (
+        "_get_autocommit",
+        "_thread_id",
         "conn",
         "cursor",
         "generation",
@@ -129,16 +137,33 @@ class Runner:
         self.pid = os.getpid()
         self.idle_since = 0.0  # time.monotonic() when last given back to its pool
         self.wait_timeout: Optional[int] = None  # the session's, when set by the store
+        # the driver's own probes (mysqlclient's and PyMySQL's), looked up once: the session
+        # is checked twice a message in the exactly-once mode
+        self._thread_id = _method(conn, "thread_id")
+        self._get_autocommit = _method(conn, "get_autocommit")
         #: The session this connection opened (:func:`session_id`): a runner whose session
         #: changed (a reconnect) is never used again.
-        self.session = session_id(conn)
+        self.session = self.session_now()
         #: Whether several statements may go in one text: True, False, or None (not known yet:
         #: tried once, see :meth:`run_all`).
         self.multi: Optional[bool] = bool(getattr(conn, "client_flag", 0) & _MULTI_STATEMENTS)
 
+    def session_now(self) -> Optional[int]:
+        """:func:`session_id` of the connection (no round trip)."""
+        thread_id = self._thread_id
+        if thread_id is None:
+            return session_id(self.conn)
+        value = thread_id()
+        return value if isinstance(value, int) else None
+
     def same_session(self) -> bool:
         """Whether the connection is still on the session it opened (no round trip)."""
-        return session_id(self.conn) == self.session
+        return self.session_now() == self.session
+
+    def autocommit_on(self) -> Optional[bool]:
+        """:func:`autocommit_on` of the connection (no round trip)."""
+        get_autocommit = self._get_autocommit
+        return bool(get_autocommit()) if get_autocommit is not None else None
 
     def run(self, sql: str, params: Sequence[Any], fetch: bool) -> Any:
         """Execute ``sql`` (``%s`` placeholders); return the rows if ``fetch``, else the
@@ -164,6 +189,12 @@ class Runner:
                     raise
                 self.multi = False
         return [self._run_one(sql, values) for sql, values in statements]
+
+    def run_text(self, text: str, params: Sequence[Any]) -> List[Any]:
+        """Run ``text``, several statements already joined (``"; "``), in one round trip, on a
+        connection known to take them (:attr:`multi` True); each one's rows or affected row
+        count. Raises at the first that fails, whose followers do not run."""
+        return self._run_multi(text, params)
 
     def _run_one(self, sql: str, params: Sequence[Any]) -> Any:
         cursor = self.cursor

@@ -102,6 +102,7 @@ class TransactionSql(NamedTuple):
     """The transactions' statements, formatted for a dedup table and its sequence table."""
 
     insert: str
+    insert_commit: str  # the record's INSERT and COMMIT in one text (one round trip)
     insert_failed: str
     insert_failed_no_reason: str
     read_record: str
@@ -114,8 +115,10 @@ class TransactionSql(NamedTuple):
     @classmethod
     def for_tables(cls, table: str, sequence_table: Optional[str]) -> TransactionSql:
         quoted, seq = quote_table(table), quote_table(sequence_table or "unused")
+        insert = RECORD_INSERT_SQL.format(table=quoted)
         return cls(
-            insert=RECORD_INSERT_SQL.format(table=quoted),
+            insert=insert,
+            insert_commit=f"{insert}; COMMIT",
             insert_failed=RECORD_FAILED_SQL.format(table=quoted),
             insert_failed_no_reason=RECORD_FAILED_SQL_NO_REASON.format(table=quoted),
             read_record=RECORD_READ_SQL.format(table=quoted),
@@ -216,11 +219,13 @@ class MySQLTransaction(SqlTransaction):
     :class:`~rocketmq_dedup.stores.sql_transaction.SqlTransaction`); subclasses run the
     statements on a DB-API connection or a SQLAlchemy one."""
 
+    #: The key's named lock, while this session holds it.
+    _lock: Optional[str] = None
+
     def __init__(self, source: MySQLTransactions) -> None:
-        super().__init__(source.wrap)
+        self._wrap = source.wrap  # (SqlTransactionRules.__init__, without a call a message)
         self.source = source
         self.sql = source.sql
-        self._lock: Optional[str] = None  # the key's named lock, while this session holds it
 
     # -- driver-specific ------------------------------------------------------------------
 
@@ -397,7 +402,16 @@ class DbapiTransaction(MySQLTransaction):
         return self._runner.run_all(statements)
 
     def _commit_after(self, statements: Statements) -> None:
-        self._runner.run_all([*statements, *self._end_statements(COMMIT)])
+        runner = self._runner
+        if (
+            len(statements) == 1
+            and statements[0][0] is self.sql.insert
+            and self._lock is None
+            and runner.multi
+        ):  # a fresh message's record: its text joined with the COMMIT's once, not per message
+            runner.run_text(self.sql.insert_commit, statements[0][1])
+            return
+        runner.run_all([*statements, *self._end_statements(COMMIT)])
         self._lock = None
 
     def _rollback(self) -> None:
@@ -410,13 +424,11 @@ class DbapiTransaction(MySQLTransaction):
         return None
 
     def _session_misuse(self) -> Optional[str]:
-        changed = self._session_changed()
-        if changed is not None:
-            return changed
         runner = self._runner
-        conn = runner.conn
-        autocommit = autocommit_on(conn)
-        if autocommit is None and not getattr(conn, "in_transaction", True):
+        if not runner.same_session():
+            return RECONNECTED
+        autocommit = runner.autocommit_on()
+        if autocommit is None and not getattr(runner.conn, "in_transaction", True):
             # a driver that keeps no autocommit status (mysql-connector-python), and no
             # transaction open: ask (a handler that touched no table, or autocommit on)
             rows = runner.run(AUTOCOMMIT_SQL, (), True)
@@ -425,7 +437,7 @@ class DbapiTransaction(MySQLTransaction):
 
     def _give_back(self, fit: bool) -> None:
         runner = self._runner
-        fit = fit and runner.same_session() and autocommit_on(runner.conn) is not True
+        fit = fit and runner.same_session() and runner.autocommit_on() is not True
         self.source.give_back(runner, fit)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, List
 import prometheus_client
 import pytest
 
-from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupStatus
+from rocketmq_dedup import ConsumeStatus, DedupConfig, DedupStatus, TransactionMisuseError
 from rocketmq_dedup.message import DedupElement
 from rocketmq_dedup.metrics import PrometheusMetrics
 from rocketmq_dedup.stores.transaction import Entity
@@ -289,6 +289,55 @@ def test_a_driver_that_reconnects_by_itself_never_commits_on_a_new_session(
         assert listener(ClassicMessage("m1")) is SUCCESS
         assert effects.count("m1") == 1
         assert status_of(config, "m1") is DedupStatus.CONSUMED
+    finally:
+        listener.close()
+        config.close()
+        dispose(client)
+
+
+def test_a_conn_kept_after_its_message_refuses_every_use_and_the_next_message_is_untouched(
+    driver: str, db: Database, table: str, effects: EffectTable
+) -> None:
+    """One connection for every transaction. Message a's handler keeps its ``conn``; after a
+    ended, a write through the kept ``conn`` (outside any handler, then inside message b's)
+    raises a clear error and reaches no session: b commits its own row and its record, and
+    nothing of the stray writes (before the fix the kept DB-API proxy still reached the pooled
+    connection: the first stray write opened a transaction there that b then committed as its
+    own)."""
+    client = one_connection(driver)
+    config = make_config(client, table, pool_size=1)
+    kept: List[Any] = []
+    errors: List[BaseException] = []
+
+    def stray_write() -> None:
+        try:
+            effects.insert(kept[0], "stray")
+        except Exception as exc:
+            errors.append(exc)
+
+    def behaviour(msg: Any, conn: Any) -> bool:
+        if msg.id == "a":
+            kept.append(conn)
+        else:
+            assert conn is not kept[0]
+            stray_write()
+        return True
+
+    listener = EffectListener(config, effects, behaviour)
+    try:
+        config.persist.create_table()  # type: ignore[union-attr]
+        assert listener(ClassicMessage("a")) is SUCCESS
+        stray_write()
+        assert listener(ClassicMessage("b")) is SUCCESS
+        assert len(errors) == 2
+        for error in errors:
+            if driver.startswith("sqlalchemy"):  # the Connection itself, closed at the end
+                assert "closed" in str(error)
+            else:
+                assert isinstance(error, TransactionMisuseError)
+                assert "transaction has ended" in str(error)
+        assert effects.counts() == {"a": 1, "b": 1}
+        assert status_of(config, "b") is DedupStatus.CONSUMED
     finally:
         listener.close()
         config.close()
