@@ -12,8 +12,10 @@ client's callback runs on one native thread from the claim to the answer). Event
   that was no longer live and the claim took it over), ``refused`` (with the live record's
   ``status``, ``holder`` token and ``left`` ms), ``error`` (the store raised); with the claim's
   ``owner`` token and how long the call ``took``;
-* ``renew``: per key, each lease renewal of the LeaseKeeper: ``ok``, ``lost`` (taken over) or
-  ``error``, with the ``owner`` and ``took``; ``mark`` (the CONSUMED mark: ``ok``, ``deferred``:
+* ``renew_begin`` (``owner=<token>``) as the LeaseKeeper starts a renewal (a renewal that
+  hangs until its process is killed leaves no other line), and ``renew``: per key, each lease
+  renewal's answer: ``ok``, ``lost`` (taken over) or ``error``, with the ``owner`` and
+  ``took``; ``mark`` (the CONSUMED mark: ``ok``, ``deferred``:
   queued to ride a later round trip, or ``error``)
   and ``release`` (``ok``, ``gone``: no longer ours, or ``error``), the same way;
 * ``effect_begin`` before the handler writes its effect (the line's time is the row's ``at``),
@@ -110,6 +112,11 @@ class Evidence(DedupMetrics):
     def store_operation(self, application: str, op: StoreOp, seconds: float, ok: bool) -> None:
         if op is StoreOp.MARK_CONSUMED:
             self.marks.ok = ok
+
+    def store_call_begins(self, event: str, claims: Sequence[Claim]) -> None:
+        """One ``<event>_begin owner=<token>`` line per claim of a store call about to run."""
+        for claim in claims:
+            self.write(claim.element.key, f"{event}_begin", f"owner={claim.owner}")
 
     def store_call(
         self, event: str, claims: Sequence[Claim], outcomes: Sequence[str], began: float
@@ -217,6 +224,7 @@ class Observed(DedupStore):
         )  # fmt: skip
 
     def renew_many(self, claims: Sequence[Claim], lease_ms: int) -> List[bool]:
+        self.evidence.store_call_begins("renew", claims)
         return self._observe(  # type: ignore[no-any-return]
             "renew", claims, lambda: super(Observed, self).renew_many(claims, lease_ms),
             lambda owned: ["ok" if ok else "lost" for ok in owned],

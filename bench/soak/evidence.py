@@ -30,7 +30,8 @@ claim, for one of these causes (the cause reported is the one of the latest earl
   of the time in which its LeaseKeeper should have renewed it or its mark should have landed.
 * ``lease_lapsed_store``: the same, but the time is covered by the earlier applier's store
   calls failing or hanging (a renewal that raised, until the next one was due; store calls
-  that took ``SLOW_CALL_S`` or more; a mark in flight): the store did not answer in time.
+  that took ``SLOW_CALL_S`` or more; a mark in flight; a renewal begun, ``renew_begin``, that
+  never answered before its process was killed): the store did not answer in time.
 
 Anything else is **unexplained**, with a note saying what the evidence showed, in particular a
 claim that succeeded **while an earlier claim of the key was live** (before its earliest
@@ -404,12 +405,32 @@ def applier_of(effect: Effect, events: Sequence[Event], context: Context) -> App
                     applier.writes.append(call)
                     applier.troubles.append(call)  # the record's fate was in flight
     killed = context.killed.get(effect.pid)
+    if applier.owner is not None and killed is not None:
+        applier.troubles += unanswered(events, applier.owner, killed)
     if killed is not None and killed >= effect.at:
         marked = applier.marked
         if marked is None or marked[1] > killed:
             applier.killed_at = killed
     applier.writes.sort()
     return applier
+
+
+def unanswered(events: Sequence[Event], owner: str, killed: float) -> List[Span]:
+    """Renewals of ``owner`` begun (``renew_begin``) and never answered (no ``renew`` line of
+    ``owner`` after them) before its process was killed at ``killed``: each in flight from its
+    start to the kill."""
+    spans: List[Span] = []
+    begun: Optional[float] = None
+    for event in events:
+        if event.at > killed or fields(event.detail).get("owner") != owner:
+            continue
+        if event.kind == "renew_begin":
+            begun = event.at if begun is None else begun
+        elif event.kind == "renew":
+            begun = None
+    if begun is not None:
+        spans.append((begun, killed))
+    return spans
 
 
 def explain_later(

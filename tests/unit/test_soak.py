@@ -376,6 +376,31 @@ def test_a_claim_in_flight_through_an_outage_may_run_after_the_lapse_it_found() 
     assert "claim was live" in str(early.appliers["k"][1]["note"])
 
 
+def test_a_renewal_that_never_answered_before_its_process_was_killed_covers_the_lapse() -> None:
+    """A loaded soak run's key (its times, less 151 s): MariaDB, the store and the effects'
+    database, stopped answering for 12 s. The first applier's effect INSERT and its renewal
+    (begun at 3.6) hung until the soak SIGKILLed its process (12.19); the server, answering
+    again, committed the effect and found the lease lapsed, and another consumer took the
+    claim over. Before, a renewal left no line until it answered, and the lapse read as '0.0s
+    in failing or slow store calls', unexplained; its ``renew_begin`` line now shows the store
+    call in flight until the kill: the store's. Without that line it is still unexplained."""
+
+    def run(renewal_begun: bool) -> object:
+        a, b = Consumer(15715), Consumer(16320)
+        owner = a.claim("k", 0.2462)
+        a.line(0.2619, "k", "effect_begin")
+        a.effects.append(Effect("k", 15715, 0.2619))
+        if renewal_begun:
+            a.line(3.6, "k", "renew_begin", f"owner={owner}", tid=99)
+        b.line(12.8738, "k", "claim", "taken_over,owner=r.16320.1@1,took=0.0108")
+        b.effect("k", 12.8906)
+        b.mark("k", "r.16320.1@1", 12.8909, deferred=True)
+        return verdict_of(a, b, kills=[Kill("sigkill", 12.1862, 15715)])
+
+    assert run(renewal_begun=True).doubles == {"k": "lease_lapsed_store"}  # type: ignore[attr-defined]
+    assert run(renewal_begun=False).unexplained == ["k"]  # type: ignore[attr-defined]
+
+
 def test_a_failed_mark_and_an_ambiguous_effect_commit_are_explained() -> None:
     """Acked after a failed CONSUMED mark, claimed again after the lease; an effect whose
     commit raised although the row exists (its claim released, the retry ran)."""
@@ -685,7 +710,8 @@ def test_help_starts_nothing(script: str, args: List[str], tmp_path: Path) -> No
 
 def test_the_observed_store_writes_every_claim_renewal_mark_and_release(tmp_path: Path) -> None:
     """The soak consumer's store subclass writes one line per key and call (outcome, owner,
-    the holder a refused claim saw, a store error) and answers what the store answered."""
+    the holder a refused claim saw, a store error), a renewal's begin too, and answers what
+    the store answered."""
     from bench.soak.consumer import Evidence, Observed
     from rocketmq_dedup import DedupElement, MemoryDedupStore
     from rocketmq_dedup.errors import StoreUnavailableError
@@ -718,6 +744,10 @@ def test_the_observed_store_writes_every_claim_renewal_mark_and_release(tmp_path
     with pytest.raises(StoreUnavailableError):
         store.claim(second, 10_000)
     lines = parse_events(path.read_text().splitlines())
+    begun = [(e.key, e.kind, e.detail) for e in lines if e.kind.endswith("_begin")]
+    assert begun == [("k", "renew_begin", "owner=o1"), ("j", "renew_begin", "owner=o3")]
+    assert [e.kind for e in lines[2:6]] == ["renew_begin", "renew_begin", "renew", "renew"]
+    lines = [e for e in lines if not e.kind.endswith("_begin")]
     seen = [(e.key, e.kind, fields(e.detail)) for e in lines]
     assert [(key, kind, said[""], said["owner"]) for key, kind, said in seen] == [
         ("k", "claim", "claimed", "o1"),
