@@ -424,9 +424,10 @@ class DbapiTransaction(MySQLTransaction):
         return None
 
     def _session_misuse(self) -> Optional[str]:
+        changed = self._session_changed()
+        if changed is not None:
+            return changed
         runner = self._runner
-        if not runner.same_session():
-            return RECONNECTED
         autocommit = runner.autocommit_on()
         if autocommit is None and not getattr(runner.conn, "in_transaction", True):
             # a driver that keeps no autocommit status (mysql-connector-python), and no
