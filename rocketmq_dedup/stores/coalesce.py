@@ -452,14 +452,13 @@ class DeferredMarks:
     defer_marks_ms: int
     _shortest_lease_ms = float("inf")  # of every claim so far
 
-    def _init_deferred_marks(self, defer_marks_ms: Any, coalesce: bool) -> int:
+    def _init_deferred_marks(self, defer_marks_ms: Any, coalesce: bool) -> None:
         """Check and keep ``defer_marks_ms`` (a :class:`DedupConfigError` if out of range)."""
         self.defer_marks_ms = check_defer_ms(defer_marks_ms)
         #: The shortest lease that lets a mark wait; None: marks are never deferred.
         self._lease_to_defer_ms = (
             self.defer_marks_ms * LEASE_PER_DEFER if coalesce and self.defer_marks_ms else None
         )
-        return self.defer_marks_ms
 
     def _note_lease(self, lease_ms: int) -> None:
         """Remember a claim's lease (the shortest one decides :attr:`marks_deferred`)."""
