@@ -385,13 +385,20 @@ def applier_of(effect: Effect, events: Sequence[Event], context: Context) -> App
     if applier.claim is None:  # (evidence without claim lines: the decision tells)
         decided = next((e for e in after if e.kind == "decision"), None)
         applier.without_dedup = decided is not None and decided.detail == "store_error_consumed"
+    killed = context.killed.get(effect.pid)
     if applier.owner is not None:
+        renewing: Optional[float] = None  # a renewal begun and not answered yet, since
         for event in events:
-            if event.kind not in ("renew", "mark"):
+            if event.kind not in ("renew_begin", "renew", "mark"):
                 continue
             said = fields(event.detail)
             if said.get("owner") != applier.owner:
                 continue
+            if event.kind == "renew_begin":
+                renewing = event.at if renewing is None else renewing
+                continue
+            if event.kind == "renew":
+                renewing = None
             outcome, call = said.get(""), span(event)
             if outcome == "error" and event.kind == "renew":  # no other try until the next
                 applier.troubles.append((call[0], call[1] + context.lease_s / 3))  # renewal
@@ -404,33 +411,14 @@ def applier_of(effect: Effect, events: Sequence[Event], context: Context) -> App
                 if outcome == "ok":
                     applier.writes.append(call)
                     applier.troubles.append(call)  # the record's fate was in flight
-    killed = context.killed.get(effect.pid)
-    if applier.owner is not None and killed is not None:
-        applier.troubles += unanswered(events, applier.owner, killed)
+        if renewing is not None and killed is not None:  # in flight until its process died
+            applier.troubles.append((renewing, killed))
     if killed is not None and killed >= effect.at:
         marked = applier.marked
         if marked is None or marked[1] > killed:
             applier.killed_at = killed
     applier.writes.sort()
     return applier
-
-
-def unanswered(events: Sequence[Event], owner: str, killed: float) -> List[Span]:
-    """Renewals of ``owner`` begun (``renew_begin``) and never answered (no ``renew`` line of
-    ``owner`` after them) before its process was killed at ``killed``: each in flight from its
-    start to the kill."""
-    spans: List[Span] = []
-    begun: Optional[float] = None
-    for event in events:
-        if event.at > killed or fields(event.detail).get("owner") != owner:
-            continue
-        if event.kind == "renew_begin":
-            begun = event.at if begun is None else begun
-        elif event.kind == "renew":
-            begun = None
-    if begun is not None:
-        spans.append((begun, killed))
-    return spans
 
 
 def explain_later(
