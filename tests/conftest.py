@@ -7,8 +7,9 @@ the servers."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import uuid
-from typing import Any, Iterator
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import pytest
 import redis
@@ -189,77 +190,80 @@ def loop_thread() -> Iterator[LoopThread]:
     thread.stop()
 
 
-def make_async_store(kind: str, request: pytest.FixtureRequest) -> AsyncDedupStore:
-    """An asyncio store of ``kind`` (:data:`AIO_STORE_KINDS`) on the test loop, its client
-    closed at the end of the test."""
-    loop = request.getfixturevalue("loop_thread")
-    if kind == "aio_memory":
-        return AsyncMemoryDedupStore()
-    if kind.startswith("aio_postgres"):
-        return make_async_pg_store(kind, request, loop)
-    if kind.startswith("aio_mysql"):
-        import functools
-
+def async_client(kind: str) -> Tuple[Any, Optional[Any]]:
+    """The client of an asyncio server store of ``kind`` (:data:`AIO_STORE_KINDS`), made on
+    the loop that will use it, and the application's pool to open and close with it
+    (``aio_postgres_pool``: a psycopg_pool pool), if any."""
+    if kind == "aio_mysql":
         import asyncmy
 
         params = {k: v for k, v in MYSQL.items() if k != "database"}
-        connect = functools.partial(asyncmy.connect, db=MYSQL["database"], **params)
-        table = request.getfixturevalue("mysql_table")
-        mysql_store = make_async_store_for(connect, table_name=table)
-        assert mysql_store is not None
-        request.addfinalizer(lambda: loop.run(mysql_store.aclose()))
-        return mysql_store
+        return functools.partial(asyncmy.connect, db=MYSQL["database"], **params), None
+    if kind == "aio_postgres":
+        import psycopg
+
+        return functools.partial(psycopg.AsyncConnection.connect, PG_DSN), None
+    if kind == "aio_postgres_pool":
+        import psycopg_pool
+
+        pool = psycopg_pool.AsyncConnectionPool(PG_DSN, min_size=1, max_size=8, open=False)
+        return pool, pool
     import redis.asyncio
 
-    client: Any
     if kind == "aio_redis":
-        client = redis.asyncio.Redis.from_url(REDIS_URL)
-    elif kind == "aio_redis_cluster":
-        client = redis.asyncio.RedisCluster.from_url(REDIS_CLUSTER_URL)
-    elif kind == "aio_redis_sentinel":
+        return redis.asyncio.Redis.from_url(REDIS_URL), None
+    if kind == "aio_redis_cluster":
+        return redis.asyncio.RedisCluster.from_url(REDIS_CLUSTER_URL), None
+    if kind == "aio_redis_sentinel":
         from redis.asyncio.sentinel import Sentinel
 
         host, port = REDIS_SENTINEL.rsplit(":", 1)
-        client = Sentinel([(host, int(port))]).master_for(REDIS_SENTINEL_MASTER)
-    else:
-        raise ValueError(kind)
-    store = make_async_store_for(client)
+        return Sentinel([(host, int(port))]).master_for(REDIS_SENTINEL_MASTER), None
+    raise ValueError(kind)
+
+
+def async_store_options(kind: str, request: pytest.FixtureRequest) -> Dict[str, Any]:
+    """The store options of an asyncio store of ``kind`` in a test: the session's table of
+    its SQL database."""
+    if kind.startswith("aio_postgres"):
+        return {"table_name": request.getfixturevalue("pg_table")}
+    if kind == "aio_mysql":
+        return {"table_name": request.getfixturevalue("mysql_table")}
+    return {}
+
+
+async def close_async_client(client: Any, pool: Optional[Any]) -> None:
+    """Close what :func:`async_client` made: the pool, or a Redis client (a factory has
+    nothing to close)."""
+    if pool is not None:
+        await pool.close()
+    elif hasattr(client, "aclose"):
+        await client.aclose()
+
+
+def make_async_store(kind: str, request: pytest.FixtureRequest) -> AsyncDedupStore:
+    """An asyncio store of ``kind`` (:data:`AIO_STORE_KINDS`) on the test loop, closed with
+    its client at the end of the test."""
+    if kind == "aio_memory":
+        return AsyncMemoryDedupStore()
+    loop = request.getfixturevalue("loop_thread")
+    options = async_store_options(kind, request)
+
+    async def open_client() -> Tuple[Any, Optional[Any]]:
+        client, pool = async_client(kind)
+        if pool is not None:
+            await pool.open()
+        return client, pool
+
+    client, pool = loop.run(open_client())
+    store = make_async_store_for(client, **options)
     assert store is not None
 
     def close() -> None:
         loop.run(store.aclose())
-        loop.run(client.aclose())
+        loop.run(close_async_client(client, pool))
 
     request.addfinalizer(close)
-    return store
-
-
-def make_async_pg_store(kind: str, request: pytest.FixtureRequest, loop: Any) -> AsyncDedupStore:
-    """The asyncio PostgreSQL store on the session's table: a factory of
-    psycopg.AsyncConnection, or an application's psycopg_pool.AsyncConnectionPool."""
-    import functools
-
-    import psycopg
-
-    table = request.getfixturevalue("pg_table")
-    if kind == "aio_postgres":
-        store = make_async_store_for(
-            functools.partial(psycopg.AsyncConnection.connect, PG_DSN), table_name=table
-        )
-        assert store is not None
-        request.addfinalizer(lambda: loop.run(store.aclose()))
-        return store
-    import psycopg_pool
-
-    async def open_pool() -> Any:
-        pool = psycopg_pool.AsyncConnectionPool(PG_DSN, min_size=1, max_size=8, open=False)
-        await pool.open()
-        return pool
-
-    pool = loop.run(open_pool())
-    request.addfinalizer(lambda: loop.run(pool.close()))
-    store = make_async_store_for(pool, table_name=table)
-    assert store is not None
     return store
 
 
