@@ -244,9 +244,9 @@ async def close_async_client(client: Any, pool: Optional[Any]) -> None:
 def make_async_store(kind: str, request: pytest.FixtureRequest) -> AsyncDedupStore:
     """An asyncio store of ``kind`` (:data:`AIO_STORE_KINDS`) on the test loop, closed with
     its client at the end of the test."""
+    loop = request.getfixturevalue("loop_thread")  # every asyncio store is bound to it
     if kind == "aio_memory":
         return AsyncMemoryDedupStore()
-    loop = request.getfixturevalue("loop_thread")
     options = async_store_options(kind, request)
 
     async def open_client() -> Tuple[Any, Optional[Any]]:
